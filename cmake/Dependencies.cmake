@@ -1,0 +1,12 @@
+# Every dependency comes from Debian packages (scripts/setup.sh installs them).
+find_package(fmt REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(hwy REQUIRED)
+find_package(OpenMP REQUIRED)
+if(OPFORGE_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(OPFORGE_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

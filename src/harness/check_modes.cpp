@@ -1,0 +1,163 @@
+// test and grad modes.
+#include <cmath>
+#include <string>
+
+#include "harness/instance.h"
+#include "opforge/error.h"
+#include "opforge/harness.h"
+
+namespace opforge::harness {
+
+using namespace detail;
+
+const char* status_name(Status s) {
+  return s == Status::pass ? "pass" : s == Status::fail ? "FAIL" : "skip";
+}
+
+int Report::count(Status s) const {
+  int n = 0;
+  for (const Result& r : results) n += r.status == s;
+  return n;
+}
+
+namespace {
+
+// Compares one output with the truth: max |a-r| <= atol + rtol*|r| element-wise, plus NMSE.
+// Fills r.max_abs_err / r.nmse; returns "" or what failed.
+std::string compare(const std::string& name, const std::vector<double>& got,
+                    const std::vector<bool>& poisoned, const std::vector<double>& want,
+                    const Tolerance& tol, Result& r) {
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double a = got[i], w = want[i];
+    if (!poisoned.empty() && poisoned[i])
+      return name + "[" + std::to_string(i) + "] was not written (still holds the poison NaN)";
+    if (std::isnan(w) || std::isnan(a)) {
+      if (std::isnan(w) && std::isnan(a)) continue;
+      return name + "[" + std::to_string(i) + "] = " + std::to_string(a) + ", reference " + std::to_string(w);
+    }
+    if (std::isinf(w) || std::isinf(a)) {
+      if (a == w) continue;
+      return name + "[" + std::to_string(i) + "] = " + std::to_string(a) + ", reference " + std::to_string(w);
+    }
+    double e = std::fabs(a - w);
+    r.max_abs_err = std::max(r.max_abs_err, e);
+    err2 += e * e;
+    ref2 += w * w;
+    if (e > tol.atol + tol.rtol * std::fabs(w))
+      return name + "[" + std::to_string(i) + "] = " + std::to_string(a) + ", reference " + std::to_string(w) +
+             ": |diff| " + std::to_string(e) + " > atol " + std::to_string(tol.atol) + " + rtol " +
+             std::to_string(tol.rtol) + " * |ref|";
+  }
+  double nmse = err2 / std::max(ref2, 1e-300);
+  r.nmse = std::max(r.nmse, ref2 > 0 ? nmse : 0.0);
+  if (ref2 > 0 && nmse > tol.nmse)
+    return name + ": normalized MSE " + std::to_string(nmse) + " > " + std::to_string(tol.nmse);
+  return "";
+}
+
+// f64 truth of every output (and inout) of the op for a case, from the reference kernel.
+std::vector<std::vector<double>> truth(const Registry& reg, const OpEntry& op,
+                                       const std::vector<ArgPlan>& plan,
+                                       const std::vector<std::vector<double>>& masters) {
+  const KernelEntry* ref = op.reference();
+  if (!ref) throw Error(ErrorCode::internal, op.name + " has no reference kernel");
+  PlainArgs a = make_plain(op, plan, masters, DType::f64, Device::cpu());
+  reg.call(only(op, *ref, Device::cpu()), a.values);
+  std::vector<std::vector<double>> out(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (plan[i].is_output || op.args[i].role == ArgRole::inout) out[i] = tensor_values(a.tensors[i]);
+  return out;
+}
+
+// One checked run of kernel k on a case in dtype t. Returns the filled Result.
+Result check_one(const Registry& reg, const Options& opt, const OpEntry& op, const KernelEntry& k,
+                 const Case& c, DType t, const std::vector<ArgPlan>& plan) {
+  Device dev = device_for(opt, k);
+  Result r{"test", op.name, k.impl(), dev.str(), dtype_name(t), c.label, case_group_name(c.group)};
+  auto masters = input_masters(op, c, plan, t, opt.seed);
+  auto want = truth(reg, op, plan, masters);
+  GuardedArgs a = make_guarded_args(op, plan, masters, t, dev);
+  const char* why = k.boxed_predicate ? k.boxed_predicate(k.predicate, a.values) : nullptr;
+  if (why) {
+    r.status = Status::skip;
+    r.detail = std::string("not applicable: ") + why;
+    return r;
+  }
+  try {
+    reg.call(only(op, k, dev), a.values);
+    if (const DeviceMemoryOps* ops = device_memory_ops(dev.kind); ops && !dev.is_cpu()) ops->synchronize(dev.index);
+  } catch (const Error& e) {
+    r.status = Status::fail;
+    r.detail = std::string("threw: ") + e.what();
+    return r;
+  }
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (!plan[i].is_tensor || !a.buffers[i].storage.defined()) continue;
+    const std::string& name = op.args[i].name;
+    std::vector<uint8_t> after = read_back(a.buffers[i]);
+    std::string bad = check_outside(a.buffers[i], after);
+    bool writes = plan[i].is_output || op.args[i].role == ArgRole::inout;
+    if (bad.empty() && !writes && after != a.buffers[i].initial) bad = "input '" + name + "' was modified";
+    if (bad.empty() && writes) {
+      std::vector<bool> poisoned;
+      std::vector<double> got = element_values(a.buffers[i], after, &poisoned);
+      bad = compare(name, got, poisoned, want[i], k.tolerance(a.buffers[i].view.dtype), r);
+    }
+    if (!bad.empty()) {
+      r.status = Status::fail;
+      r.detail = (bad.rfind("out-of-bounds", 0) == 0 ? name + ": " : "") + bad;
+      return r;
+    }
+  }
+  r.detail = "max|err| " + std::to_string(r.max_abs_err) + ", nmse " + std::to_string(r.nmse);
+  return r;
+}
+
+Report check_ops(const Registry& reg, const Options& opt, bool backward_ops, const char* mode) {
+  Report rep;
+  rep.date = today_iso();
+  struct Job { const OpEntry* op; const KernelEntry* k; Case c; DType t; };
+  std::vector<Job> jobs;
+  for (const OpEntry* op : reg.ops()) {
+    if (!op_selected(opt, *op) || is_backward_op(reg, *op) != backward_ops || !op->cases) continue;
+    for (const Case& c : op->cases()) {
+      if (!group_selected(opt, c.group, false)) continue;
+      for (const KernelEntry& k : op->kernels) {
+        if (!backend_selected(opt, k) || !k.availability().ok) continue;
+        for (DType t : dtypes_for(opt, k, c, false)) jobs.push_back({op, &k, c, t});
+      }
+    }
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const Job& job = jobs[j];
+    progress(opt, j, jobs.size(), job.op->name + " " + job.k->impl() + " " + dtype_name(job.t) + " " + job.c.label);
+    Result r;
+    try {
+      r = check_one(reg, opt, *job.op, *job.k, job.c, job.t, plan_case(*job.op, job.c));
+    } catch (const std::exception& e) {
+      r = Result{mode, job.op->name, job.k->impl(), device_kind_name(job.k->desc.device), dtype_name(job.t),
+                 job.c.label, case_group_name(job.c.group), Status::fail, std::string("harness error: ") + e.what()};
+    }
+    r.mode = mode;
+    rep.results.push_back(std::move(r));
+  }
+  progress(opt, jobs.size(), jobs.size(), "");
+  return rep;
+}
+
+}  // namespace
+
+Report run_test(const Registry& reg, const Options& opt) { return check_ops(reg, opt, false, "test"); }
+
+// grad_fd.cpp
+Report finite_difference_checks(const Registry& reg, const Options& opt);
+
+Report run_grad(const Registry& reg, const Options& opt) {
+  Report rep = finite_difference_checks(reg, opt);
+  Report kernels = check_ops(reg, opt, true, "grad");
+  rep.results.insert(rep.results.end(), kernels.results.begin(), kernels.results.end());
+  return rep;
+}
+
+}  // namespace opforge::harness

@@ -1,0 +1,143 @@
+// grad mode, part one: the reference backward against central finite differences of the
+// reference forward, all in f64 on the CPU.
+//
+// Note [gradient naming]: a backward op's arguments are matched to its forward op by name.
+// "d<name>" as an output is the gradient of forward input <name>; "d<name>" as an input is the
+// upstream gradient of forward output <name>; any other argument takes the forward argument (or
+// forward output) of the same name. The checked quantity is L = sum over forward outputs o of
+// sum(do * o) with fixed random do, so dL/dinput must equal what the backward op returns.
+#include <cmath>
+#include <map>
+
+#include "harness/instance.h"
+#include "opforge/error.h"
+#include "opforge/harness.h"
+
+namespace opforge::harness {
+
+using namespace detail;
+
+namespace {
+
+constexpr size_t kMaxProbesPerInput = 48;  // elements perturbed per differentiable input
+
+struct ForwardRun {
+  PlainArgs args;
+  std::map<std::string, std::vector<double>> outputs;
+};
+
+ForwardRun run_forward(const Registry& reg, const OpEntry& op, const std::vector<ArgPlan>& plan,
+                       const std::vector<std::vector<double>>& masters) {
+  ForwardRun f{make_plain(op, plan, masters, DType::f64, Device::cpu()), {}};
+  reg.call(only(op, *op.reference(), Device::cpu()), f.args.values);
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (plan[i].is_output) f.outputs[op.args[i].name] = tensor_values(f.args.tensors[i]);
+  return f;
+}
+
+double loss(const ForwardRun& f, const std::map<std::string, std::vector<double>>& upstream) {
+  double l = 0;
+  for (const auto& [name, dy] : upstream) {
+    const std::vector<double>& y = f.outputs.at(name);
+    for (size_t i = 0; i < y.size(); ++i) l += dy[i] * y[i];
+  }
+  return l;
+}
+
+Result check_case(const Registry& reg, const Options& opt, const OpEntry& fwd, const OpEntry& bwd,
+                  const Case& c) {
+  Result r{"grad", fwd.name, "reference", "cpu", "f64", c.label, case_group_name(c.group)};
+  r.detail = "reference backward vs central differences";
+  std::vector<ArgPlan> plan = plan_case(fwd, c);
+  auto masters = input_masters(fwd, c, plan, DType::f64, opt.seed);
+  ForwardRun base = run_forward(reg, fwd, plan, masters);
+
+  // Backward arguments by Note [gradient naming].
+  std::vector<Tensor> keep;
+  std::vector<Value> bvals(bwd.args.size());
+  std::map<std::string, std::vector<double>> upstream;
+  std::map<std::string, size_t> grad_out;  // forward input name -> backward arg index
+  for (size_t i = 0; i < bwd.args.size(); ++i) {
+    const ArgInfo& a = bwd.args[i];
+    std::string base_name = a.name.size() > 1 && a.name[0] == 'd' ? a.name.substr(1) : "";
+    if (a.role == ArgRole::out && !base_name.empty()) {
+      const TensorView& x = std::get<TensorView>(base.args.values[fwd.arg_index(base_name)]);
+      keep.push_back(Tensor::zeros(x.shape_of(), DType::f64));
+      bvals[i] = keep.back().view();
+      grad_out[base_name] = i;
+    } else if (a.role == ArgRole::in && !base_name.empty() && base.outputs.count(base_name)) {
+      const std::vector<double>& y = base.outputs[base_name];
+      Rng rng(mix_seed(opt.seed, bwd.name, c.label, a.name));
+      std::vector<double> dy(y.size());
+      for (double& v : dy) v = rng.normal();
+      const TensorView& yv = std::get<TensorView>(base.args.values[fwd.arg_index(base_name)]);
+      keep.push_back(make_tensor(yv.shape_of(), DType::f64, Device::cpu(), dy));
+      bvals[i] = keep.back().view();
+      upstream[base_name] = std::move(dy);
+    } else {
+      bvals[i] = base.args.values[fwd.arg_index(a.name)];
+    }
+  }
+  reg.call(only(bwd, *bwd.reference(), Device::cpu()), bvals);
+
+  for (const auto& [name, bi] : grad_out) {
+    size_t fi = fwd.arg_index(name);
+    std::vector<double> analytic = tensor_values(std::get<TensorView>(bvals[bi]));
+    double scale = 1;
+    for (double g : analytic) scale = std::max(scale, std::fabs(g));
+    size_t n = masters[fi].size();
+    size_t step = std::max<size_t>(1, n / kMaxProbesPerInput);
+    for (size_t e = 0; e < n; e += step) {
+      double x0 = masters[fi][e];
+      double h = 1e-6 * std::max(1.0, std::fabs(x0));
+      auto perturbed = masters;
+      perturbed[fi][e] = x0 + h;
+      double lp = loss(run_forward(reg, fwd, plan, perturbed), upstream);
+      perturbed[fi][e] = x0 - h;
+      double lm = loss(run_forward(reg, fwd, plan, perturbed), upstream);
+      double numeric = (lp - lm) / (2 * h);
+      double err = std::fabs(numeric - analytic[e]);
+      r.max_abs_err = std::max(r.max_abs_err, err / scale);
+      if (err > 1e-5 * scale) {
+        r.status = Status::fail;
+        r.detail = "d" + name + "[" + std::to_string(e) + "]: backward " + std::to_string(analytic[e]) +
+                   ", central difference " + std::to_string(numeric);
+        return r;
+      }
+    }
+  }
+  r.detail += ", max err / max|grad| " + std::to_string(r.max_abs_err);
+  return r;
+}
+
+}  // namespace
+
+Report finite_difference_checks(const Registry& reg, const Options& opt) {
+  Report rep;
+  rep.date = today_iso();
+  bool want_reference = opt.backends.empty();
+  for (const std::string& b : opt.backends) want_reference |= b == "reference";
+  if (!want_reference) return rep;
+  for (const OpEntry* op : reg.ops()) {
+    if (!op_selected(opt, *op) || op->backward.empty() || !op->cases) continue;
+    const OpEntry& bwd = reg.op(op->backward);
+    if (!op->reference() || !bwd.reference()) continue;
+    for (const Case& c : op->cases()) {
+      // Finite differences re-run the forward per probe: small and edge cases only.
+      if (c.group != CaseGroup::small && c.group != CaseGroup::edge) continue;
+      progress(opt, 0, 1, "grad " + op->name + " " + c.label);
+      Result r;
+      try {
+        r = check_case(reg, opt, *op, bwd, c);
+      } catch (const std::exception& e) {
+        r = Result{"grad", op->name, "reference", "cpu", "f64", c.label, case_group_name(c.group),
+                   Status::fail, std::string("harness error: ") + e.what()};
+      }
+      rep.results.push_back(std::move(r));
+    }
+  }
+  progress(opt, 1, 1, "");
+  return rep;
+}
+
+}  // namespace opforge::harness
