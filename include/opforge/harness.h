@@ -26,6 +26,9 @@ namespace opforge::harness {
 struct Options {
   std::vector<std::string> ops;      // empty: every op
   std::vector<std::string> backends; // impl names or device kinds (cpu, cuda); empty: all
+  // Only kernels this policy could run (its candidates per op and device); default "all" = every
+  // available kernel. `-rms_norm` restricts rms_norm to its reference, `rms_norm=cpu` to cpu.
+  Policy policy;
   std::vector<DType> dtypes;         // empty: every dtype each kernel claims
   std::vector<CaseGroup> groups;     // empty: test/grad small+medium+edge, perf small+medium+large
   uint64_t seed = 20261125;

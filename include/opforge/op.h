@@ -100,6 +100,9 @@ struct Case {
   CaseGroup group = CaseGroup::small;
   std::vector<CaseArg> args;
   std::vector<DType> dtypes;  // empty: every floating dtype the kernel under test claims
+  // (output, input) pairs run in place: the output is the input's buffer (kernels that declare
+  // in_place are checked this way; others skip the case).
+  std::vector<std::pair<std::string, std::string>> in_place;
 };
 
 // Shape function: which outputs to allocate for the given inputs.

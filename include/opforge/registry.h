@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "opforge/op.h"
+#include "opforge/error.h"
 #include "opforge/policy.h"
 
 namespace opforge {

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "opforge/error.h"
 #include "opforge/registry.h"
 
 namespace opforge {

@@ -119,7 +119,19 @@ Decision only(const OpEntry& op, const KernelEntry& k, Device device) {
   return d;
 }
 
-bool backend_selected(const Options& opt, const KernelEntry& k) {
+static bool policy_allows(const Registry& reg, const Options& opt, const KernelEntry& k) {
+  try {
+    Decision d = reg.decide(*k.op, opt.policy, device_for(opt, k));
+    for (const Candidate& c : d.candidates)
+      if (c.kernel == &k) return true;
+  } catch (const Error&) {
+  }
+  return false;
+}
+
+bool backend_selected(const Registry& reg, const Options& opt, const KernelEntry& k) {
+  // The reference is the oracle: checked on the CPU whatever the policy says.
+  if (!(k.is_reference() && k.desc.device == DeviceKind::cpu) && !policy_allows(reg, opt, k)) return false;
   if (opt.backends.empty()) return true;
   for (const std::string& b : opt.backends) {
     if (b == k.impl()) return true;
@@ -140,6 +152,9 @@ bool group_selected(const Options& opt, CaseGroup g, bool perf) {
 std::vector<DType> dtypes_for(const Options& opt, const KernelEntry& k, const Case& c, bool perf) {
   std::vector<DType> out;
   for (DType t : k.desc.dtypes) {
+    // The reference is checked against its own f64 run in f32 and f64; in f16/bf16 it is the
+    // definition other kernels are compared with (see expected() in check_modes.cpp).
+    if (!perf && k.is_reference() && t != DType::f32 && t != DType::f64) continue;
     if (!c.dtypes.empty() && std::find(c.dtypes.begin(), c.dtypes.end(), t) == c.dtypes.end()) continue;
     if (!opt.dtypes.empty() && std::find(opt.dtypes.begin(), opt.dtypes.end(), t) == opt.dtypes.end()) continue;
     out.push_back(t);

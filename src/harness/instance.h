@@ -52,7 +52,7 @@ std::vector<OutputSpec> output_specs(const OpEntry& op, std::vector<Value> value
 Decision only(const OpEntry& op, const KernelEntry& k, Device device);
 
 // Kernel filter of Options::backends.
-bool backend_selected(const Options& opt, const KernelEntry& k);
+bool backend_selected(const Registry& reg, const Options& opt, const KernelEntry& k);
 bool op_selected(const Options& opt, const OpEntry& op);
 bool group_selected(const Options& opt, CaseGroup g, bool perf);
 std::vector<DType> dtypes_for(const Options& opt, const KernelEntry& k, const Case& c, bool perf);

@@ -134,7 +134,7 @@ Report run_perf(const Registry& reg, const Options& opt) {
     for (const Case& c : op->cases()) {
       if (!group_selected(opt, c.group, true)) continue;
       for (const KernelEntry& k : op->kernels) {
-        if (!backend_selected(opt, k) || !k.availability().ok) continue;
+        if (!backend_selected(reg, opt, k) || !k.availability().ok) continue;
         if (k.is_reference() && !opt.perf_reference) continue;
         for (DType t : dtypes_for(opt, k, c, true)) {
           jobs.push_back({op, &k, c, t});

@@ -36,15 +36,14 @@ Tolerance KernelEntry::tolerance(DType t) const {
 
 const Availability& KernelEntry::availability() const {
   std::call_once(probed_, [this] {
-    if (!fn) {
-      availability_ = {false, "no kernel function (placeholder)"};
-    } else if (desc.probe) {
+    if (desc.probe) {
       try {
         availability_ = desc.probe();
       } catch (const std::exception& e) {
         availability_ = {false, std::string("probe failed: ") + e.what()};
       }
     }
+    if (!fn && availability_.ok) availability_ = {false, "no kernel function (placeholder)"};
   });
   return availability_;
 }

@@ -1,0 +1,101 @@
+// Harness cases of the norm family (see Case in opforge/op.h).
+//
+// Every op gets the same shapes: small, medium (16 x 4096), large model shapes (hidden 4096,
+// tokens 1 / 16 / 1024 / 16384), and edge cases: no rows, one element, sizes that are not a
+// multiple of any vector width, a 3-d input, padded (strided) rows on inputs and on outputs, and
+// for the forward ops the in-place form (y over x; s over residual).
+// Weights are U(0.5, 1.5); activations N(0, 1) with outliers.
+#include <string>
+#include <utility>
+
+#include "ops/norm/internal.h"
+
+namespace opforge {
+
+namespace {
+
+// Which arguments of an op are row tensors (shape of x) and which are outputs.
+struct NormArgs {
+  std::vector<const char*> row_inputs;   // e.g. {"x"} or {"dy", "ds", "x", "residual"}
+  std::vector<const char*> row_outputs;  // listed only when a case pads them
+  std::vector<std::pair<std::string, std::string>> in_place;  // (output, input) the op allows
+};
+
+struct Layout {
+  int64_t input_pad = 0;
+  int64_t output_pad = 0;
+};
+
+Case norm_case(const NormArgs& spec, std::string label, CaseGroup group, const Shape& shape,
+               double offset = 0.0, Layout layout = {}) {
+  Case c;
+  c.label = std::move(label);
+  c.group = group;
+  for (const char* name : spec.row_inputs) {
+    TensorInit t;
+    t.shape = shape;
+    t.row_pad = layout.input_pad;
+    c.args.push_back({name, t});
+  }
+  TensorInit w;
+  w.shape = Shape{shape[shape.ndim - 1]};
+  w.fill = Fill::uniform_positive;
+  c.args.push_back({"w", w});
+  if (layout.output_pad > 0) {
+    for (const char* name : spec.row_outputs) {
+      TensorInit t;
+      t.shape = shape;
+      t.row_pad = layout.output_pad;
+      c.args.push_back({name, t});
+    }
+  }
+  c.args.push_back({"eps", Value(1e-6)});
+  c.args.push_back({"offset", Value(offset)});
+  return c;
+}
+
+std::vector<Case> norm_cases(const NormArgs& spec) {
+  std::vector<Case> cases;
+  auto add = [&](std::string label, CaseGroup group, Shape shape, double offset = 0.0,
+                 Layout layout = {}) {
+    cases.push_back(norm_case(spec, std::move(label), group, shape, offset, layout));
+  };
+  add("4x64", CaseGroup::small, {4, 64});
+  add("7x33", CaseGroup::small, {7, 33});
+  add("7x33_offset1", CaseGroup::small, {7, 33}, 1.0);
+  add("16x4096", CaseGroup::medium, {16, 4096});
+  add("16x4096_offset1", CaseGroup::medium, {16, 4096}, 1.0);
+  for (int64_t tokens : {1, 16, 1024, 16384})
+    add("t" + std::to_string(tokens) + "xh4096", CaseGroup::large, {tokens, 4096});
+  add("0x64", CaseGroup::edge, {0, 64});
+  add("1x1", CaseGroup::edge, {1, 1});
+  add("3x67", CaseGroup::edge, {3, 67});
+  add("5x4097", CaseGroup::edge, {5, 4097});
+  add("2x3x40", CaseGroup::edge, {2, 3, 40});
+  add("5x67_inputs_pad8", CaseGroup::edge, {5, 67}, 0.0, {8, 0});
+  add("5x67_outputs_pad5", CaseGroup::edge, {5, 67}, 1.0, {0, 5});
+  add("3x4097_all_pad3", CaseGroup::edge, {3, 4097}, 0.0, {3, 3});
+  if (!spec.in_place.empty()) {  // outputs written over their inputs (vLLM's in-place form)
+    add("7x33_in_place", CaseGroup::edge, {7, 33});
+    cases.back().in_place = spec.in_place;
+    add("16x4096_in_place_pad8", CaseGroup::edge, {16, 4096}, 1.0, {8, 0});
+    cases.back().in_place = spec.in_place;
+  }
+  return cases;
+}
+
+}  // namespace
+
+std::vector<Case> rms_norm_cases() { return norm_cases({{"x"}, {"y"}, {{"y", "x"}}}); }
+
+std::vector<Case> rms_norm_backward_cases() { return norm_cases({{"dy", "x"}, {"dx"}}); }
+
+std::vector<Case> fused_add_rms_norm_cases() {
+  return norm_cases({{"x", "residual"}, {"y", "s"}, {{"y", "x"}, {"s", "residual"}}});
+}
+
+std::vector<Case> fused_add_rms_norm_backward_cases() {
+  return norm_cases({{"dy", "ds", "x", "residual"}, {"dx", "dresidual"}});
+}
+
+}  // namespace opforge

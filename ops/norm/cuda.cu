@@ -1,0 +1,273 @@
+// CUDA forward kernels of the norm family (rms_norm, fused_add_rms_norm) and the registration of
+// every norm CUDA kernel (the backward ones live in cuda_backward.cu).
+//
+// Technique.
+//  - cuda_vec16 (priority 200): Note [register-resident row]. A row is read as 16-byte packs
+//    (8 bf16/f16 or 4 f32 per LDG.128), each thread keeping its K packs in registers, so x (and the
+//    residual) is read once and y written once: the minimum traffic. Rows of <= 32 packs take a
+//    group of 1..32 lanes each (256-thread blocks, shuffle reduction); longer rows take a block of
+//    threads with a warp-then-block reduction (Note [cuda reductions]). hidden 4096 bf16 is 512
+//    threads x 1 pack; up to 2048 packs (hidden 16384 bf16, 8192 f32). Needs 16-byte aligned pointers, hidden and row strides multiples of the pack
+//    and w contiguous (the predicate returns the reason otherwise).
+//  - cuda (priority 100): any layout the op's check accepts. One block per row, scalar loads, two
+//    passes over the row (the second pass hits L1/L2).
+//  Both accumulate in f32 and round once at the end; int64 indexing throughout (row * row_stride);
+//  one launch on ctx.stream, no host synchronization and no allocation.
+//
+// Aliasing: y may alias x and s may alias residual exactly (vLLM's in-place form). Every element is
+// read and then written by the same thread (the same pack slot in the vec16 kernel, the same column
+// in both passes of the scalar kernel), so the in-place form needs no extra ordering; no pointer is
+// declared __restrict__ for that reason.
+#include "ops/norm/cuda_common.cuh"
+
+namespace opforge {
+namespace cuda::norm {
+namespace {
+
+template <class T> __device__ __forceinline__ float rstd_from(float sum_sq, const FwdArgs<T>& a) {
+  return 1.0f / sqrtf(sum_sq / float(a.hidden) + a.eps);
+}
+
+// ---- scalar kernel ---------------------------------------------------------------------------------
+// s = round(x + r) written once; the second pass reads s back (s may alias r, so r is gone).
+template <class T, bool kFused>
+__device__ __forceinline__ float input_at(const FwdArgs<T>& a, int64_t row, int64_t c) {
+  if constexpr (kFused) {
+    const T s = from_f32<T>(to_f32(a.x[row * a.x_stride + c]) + to_f32(a.r[row * a.r_stride + c]));
+    a.s[row * a.s_stride + c] = s;
+    return to_f32(s);
+  } else {
+    return to_f32(a.x[row * a.x_stride + c]);
+  }
+}
+
+template <class T, bool kFused>
+__global__ void __launch_bounds__(512) rms_norm_rows_kernel(FwdArgs<T> a) {
+  __shared__ float scratch[32];
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    float sum_sq = 0.0f;
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+      const float v = input_at<T, kFused>(a, row, c);
+      sum_sq += v * v;
+    }
+    const float rstd = rstd_from(block_sum(sum_sq, scratch), a);
+    const T* src = kFused ? a.s + row * a.s_stride : a.x + row * a.x_stride;
+    T* y = a.y + row * a.y_stride;
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+      const float wv = to_f32(a.w[c * a.w_stride]) + a.offset;
+      y[c] = from_f32<T>(to_f32(src[c]) * rstd * wv);
+    }
+  }
+}
+
+// ---- register-resident kernel ----------------------------------------------------------------------
+// Row pointers of one row; columns inside a row fit an int (at most 2 * 1024 packs here).
+template <class T> struct RowPtrs {
+  const T* x;
+  const T* r;
+  T* s;
+  T* y;
+};
+template <class T, bool kFused> __device__ __forceinline__ RowPtrs<T> row_ptrs(const FwdArgs<T>& a, int64_t row) {
+  RowPtrs<T> p{a.x + row * a.x_stride, nullptr, nullptr, a.y + row * a.y_stride};
+  if constexpr (kFused) p.r = a.r + row * a.r_stride, p.s = a.s + row * a.s_stride;
+  return p;
+}
+
+template <class T, bool kFused>
+__device__ __forceinline__ Pack<T> load_input_pack(const RowPtrs<T>& p, int col) {
+  Pack<T> x = load_pack(p.x + col);
+  if constexpr (kFused) {
+    const Pack<T> r = load_pack(p.r + col);
+#pragma unroll
+    for (int j = 0; j < Pack<T>::n; ++j) x.v[j] = from_f32<T>(to_f32(x.v[j]) + to_f32(r.v[j]));
+    store_pack(p.s + col, x);
+  }
+  return x;
+}
+
+// `threads` threads per row (Note [register-resident row]); blockDim.x / threads rows per block.
+template <class T, int K, bool kFused>
+__global__ void __launch_bounds__(1024) rms_norm_vec_kernel(FwdArgs<T> a, int threads) {
+  constexpr int N = Pack<T>::n;
+  __shared__ float scratch[32];
+  const int n_packs = int(a.hidden / N);
+  const int rows_per_block = blockDim.x / threads;
+  const int t = threadIdx.x % threads;
+  Pack<T> wp[K];  // w stays in registers for every row this thread visits
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (t + k * threads < n_packs) wp[k] = load_pack_readonly(a.w + (t + k * threads) * N);
+  const int64_t step = int64_t(gridDim.x) * rows_per_block;
+  // The loop bound is block-uniform so that every lane reaches the shuffles and barriers.
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows; base += step) {
+    const int64_t row = base + threadIdx.x / threads;
+    const bool live = row < a.rows;
+    const RowPtrs<T> p = row_ptrs<T, kFused>(a, live ? row : 0);
+    Pack<T> xp[K];
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = t + k * threads;
+      if (live && i < n_packs) {
+        xp[k] = load_input_pack<T, kFused>(p, i * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) sum_sq += to_f32(xp[k].v[j]) * to_f32(xp[k].v[j]);
+      }
+    }
+    sum_sq = threads > 32 ? block_sum(sum_sq, scratch) : lane_group_sum(sum_sq, threads);
+    const float rstd = rstd_from(sum_sq, a);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = t + k * threads;
+      if (live && i < n_packs) {
+        Pack<T> out;
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+          out.v[j] = from_f32<T>(to_f32(xp[k].v[j]) * rstd * (to_f32(wp[k].v[j]) + a.offset));
+        store_pack(p.y + i * N, out);
+      }
+    }
+  }
+}
+
+// ---- launchers -------------------------------------------------------------------------------------
+template <class T, bool kFused> void launch_rows(const Context& ctx, const FwdArgs<T>& a) {
+  const int block = int(std::min<int64_t>(512, std::max<int64_t>(32, (a.hidden + 31) / 32 * 32)));
+  rms_norm_rows_kernel<T, kFused><<<grid_for(a.rows, 1), block, 0, stream_of(ctx)>>>(a);
+  check_launch(kFused ? "fused_add_rms_norm_cuda kernel launch" : "rms_norm_cuda kernel launch");
+}
+
+template <class T, bool kFused> void launch_vec(const Context& ctx, const FwdArgs<T>& a) {
+  const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kFwdMaxThreads, 256);
+  const unsigned grid = grid_for(a.rows, s.rows_per_block);
+  cudaStream_t stream = stream_of(ctx);
+  switch (s.k) {
+    case 1: rms_norm_vec_kernel<T, 1, kFused><<<grid, s.block, 0, stream>>>(a, s.threads); break;
+    default: rms_norm_vec_kernel<T, 2, kFused><<<grid, s.block, 0, stream>>>(a, s.threads); break;
+  }
+  check_launch(kFused ? "fused_add_rms_norm_cuda_vec16 kernel launch"
+                      : "rms_norm_cuda_vec16 kernel launch");
+}
+
+template <class T>
+FwdArgs<T> fwd_args(const TensorView& y, const TensorView* s, const TensorView& x,
+                    const TensorView* r, const TensorView& w, double eps, double offset) {
+  FwdArgs<T> a{};
+  a.y = y.ptr<T>();
+  a.x = x.ptr<T>();
+  a.w = w.ptr<T>();
+  a.y_stride = row_stride_of(y);
+  a.x_stride = row_stride_of(x);
+  a.w_stride = w.stride(0);
+  if (s) a.s = s->ptr<T>(), a.s_stride = row_stride_of(*s);
+  if (r) a.r = r->ptr<T>(), a.r_stride = row_stride_of(*r);
+  a.rows = x.rows();
+  a.hidden = x.size(-1);
+  a.eps = float(eps);
+  a.offset = float(offset);
+  return a;
+}
+
+// One entry for the four forward kernels: dtype dispatch, device guard, empty shapes.
+template <bool kFused, bool kVec>
+void run_forward(const Context& ctx, const TensorView& y, const TensorView* s, const TensorView& x,
+                 const TensorView* r, const TensorView& w, double eps, double offset) {
+  if (x.rows() == 0 || x.size(-1) == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(x.dtype, kFused ? "fused_add_rms_norm" : "rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const FwdArgs<T> a = fwd_args<T>(y, s, x, r, w, eps, offset);
+    if constexpr (kVec) launch_vec<T, kFused>(ctx, a);
+    else launch_rows<T, kFused>(ctx, a);
+  });
+}
+
+}  // namespace
+}  // namespace cuda::norm
+
+using cuda::norm::run_forward;
+
+// ---- rms_norm ----------------------------------------------------------------------------------------
+void rms_norm_cuda(const Context& ctx, const TensorView& y, const TensorView& x,
+                   const TensorView& w, double eps, double offset) {
+  run_forward<false, false>(ctx, y, nullptr, x, nullptr, w, eps, offset);
+}
+const char* rms_norm_cuda_applicable(const TensorView&, const TensorView& x, const TensorView&,
+                                     double, double) {
+  return cuda::is_cuda_float(x.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+void rms_norm_cuda_vec16(const Context& ctx, const TensorView& y, const TensorView& x,
+                         const TensorView& w, double eps, double offset) {
+  run_forward<false, true>(ctx, y, nullptr, x, nullptr, w, eps, offset);
+}
+const char* rms_norm_cuda_vec16_applicable(const TensorView& y, const TensorView& x,
+                                           const TensorView& w, double, double) {
+  const int64_t hidden = x.size(-1);
+  if (const char* why = cuda::norm::vec16_common_problem(x, w, 2 * cuda::norm::kFwdMaxThreads))
+    return why;
+  if (const char* why = cuda::pack_rows_problem(x, hidden)) return why;
+  return cuda::pack_rows_problem(y, hidden);
+}
+
+// ---- fused_add_rms_norm ------------------------------------------------------------------------------
+void fused_add_rms_norm_cuda(const Context& ctx, const TensorView& y, const TensorView& s,
+                             const TensorView& x, const TensorView& residual, const TensorView& w,
+                             double eps, double offset) {
+  run_forward<true, false>(ctx, y, &s, x, &residual, w, eps, offset);
+}
+const char* fused_add_rms_norm_cuda_applicable(const TensorView&, const TensorView&,
+                                               const TensorView& x, const TensorView&,
+                                               const TensorView&, double, double) {
+  return cuda::is_cuda_float(x.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+void fused_add_rms_norm_cuda_vec16(const Context& ctx, const TensorView& y, const TensorView& s,
+                                   const TensorView& x, const TensorView& residual,
+                                   const TensorView& w, double eps, double offset) {
+  run_forward<true, true>(ctx, y, &s, x, &residual, w, eps, offset);
+}
+const char* fused_add_rms_norm_cuda_vec16_applicable(const TensorView& y, const TensorView& s,
+                                                     const TensorView& x,
+                                                     const TensorView& residual,
+                                                     const TensorView& w, double, double) {
+  const int64_t hidden = x.size(-1);
+  if (const char* why = cuda::norm::vec16_common_problem(x, w, 2 * cuda::norm::kFwdMaxThreads))
+    return why;
+  for (const TensorView* t : {&y, &s, &x, &residual})
+    if (const char* why = cuda::pack_rows_problem(*t, hidden)) return why;
+  return nullptr;
+}
+
+// ---- registration ------------------------------------------------------------------------------------
+void register_norm_cuda(Registry& reg) {
+  const char* vec_summary =
+      "16-byte packs, row held in registers (x read once), warp/block f32 reduction";
+  const char* scalar_summary = "any layout: one block per row, scalar loads, two passes, f32";
+  reg.add_kernel<RmsNorm>(cuda_kernel_desc("cuda_vec16", 200, vec_summary, true),
+                          &rms_norm_cuda_vec16, &rms_norm_cuda_vec16_applicable);
+  reg.add_kernel<RmsNorm>(cuda_kernel_desc("cuda", 100, scalar_summary, true), &rms_norm_cuda,
+                          &rms_norm_cuda_applicable);
+  reg.add_kernel<FusedAddRmsNorm>(cuda_kernel_desc("cuda_vec16", 200, vec_summary, true),
+                                  &fused_add_rms_norm_cuda_vec16,
+                                  &fused_add_rms_norm_cuda_vec16_applicable);
+  reg.add_kernel<FusedAddRmsNorm>(cuda_kernel_desc("cuda", 100, scalar_summary, true),
+                                  &fused_add_rms_norm_cuda, &fused_add_rms_norm_cuda_applicable);
+
+  const char* bwd_vec_summary =
+      "16-byte packs in registers, per-block f32 dw partials reduced in fixed order";
+  const char* bwd_scalar_summary =
+      "any layout: scalar loads, per-block f32 dw partials reduced in fixed order";
+  reg.add_kernel<RmsNormBackward>(cuda_kernel_desc("cuda_vec16", 200, bwd_vec_summary, false),
+                                  &rms_norm_backward_cuda_vec16,
+                                  &rms_norm_backward_cuda_vec16_applicable);
+  reg.add_kernel<RmsNormBackward>(cuda_kernel_desc("cuda", 100, bwd_scalar_summary, false),
+                                  &rms_norm_backward_cuda, &rms_norm_backward_cuda_applicable);
+  reg.add_kernel<FusedAddRmsNormBackward>(
+      cuda_kernel_desc("cuda_vec16", 200, bwd_vec_summary, false),
+      &fused_add_rms_norm_backward_cuda_vec16, &fused_add_rms_norm_backward_cuda_vec16_applicable);
+  reg.add_kernel<FusedAddRmsNormBackward>(
+      cuda_kernel_desc("cuda", 100, bwd_scalar_summary, false), &fused_add_rms_norm_backward_cuda,
+      &fused_add_rms_norm_backward_cuda_applicable);
+}
+
+}  // namespace opforge

@@ -1,0 +1,353 @@
+// CUDA backward kernels of the norm family: rms_norm_backward and fused_add_rms_norm_backward.
+//
+// Math (rms_norm_backward's doc): r = 1/sqrt(mean(x^2) + eps), m = dy * (w + offset),
+// dx = r*m - (r^3 / hidden) * sum(m*x) * x, dw = sum over rows of dy * x * r. The fused op runs
+// the same on s = round(x + residual) (recomputed, never stored) and writes
+// dx = dresidual = that + ds.
+//
+// Technique.
+//  - Note [deterministic dw]: the grid is a fixed number of blocks G (from the SM count, at least
+//    4 rows per block), block b owns the row chunk [b*C, (b+1)*C). Each block accumulates its dw in
+//    f32 (registers in vec16, its own workspace row in the scalar kernel) and writes one row of
+//    partials [G, hidden] to the per-stream workspace (Note [cuda workspace]); a second kernel sums
+//    the G partials of each column in index order and rounds once. No float atomics: the bits
+//    depend only on the inputs and the device's SM count.
+//  - cuda_vec16 (priority 200): Note [register-resident row] with up to 512 threads x 2 packs of
+//    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row; the two row sums (sum x^2, sum m*x)
+//    reduced together as a float2 (Note [cuda reductions]); w held in registers for the whole chunk.
+//  - cuda (priority 100): any layout; scalar loads, two passes over each row.
+//  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
+//  is allocated only on the first call with a larger shape.
+#include "ops/norm/cuda_common.cuh"
+
+namespace opforge {
+namespace cuda::norm {
+namespace {
+
+// The fixed chunking of Note [deterministic dw].
+struct Chunks {
+  int64_t blocks = 1;
+  int64_t rows_per_block = 1;
+};
+Chunks dw_chunks(const Context& ctx, int64_t rows, int threads_per_block) {
+  const CudaDeviceProps& p = cuda_device_props(ctx.device.index);
+  const int64_t resident = int64_t(p.sm_count) * std::max(1, p.max_threads_per_sm / threads_per_block);
+  Chunks c;
+  c.blocks = std::max<int64_t>(1, std::min((rows + 3) / 4, resident));
+  c.rows_per_block = (rows + c.blocks - 1) / c.blocks;
+  c.blocks = (rows + c.rows_per_block - 1) / c.rows_per_block;  // no empty block
+  return c;
+}
+
+template <class T>
+__device__ __forceinline__ float2 row_scales(float2 sums, const BwdArgs<T>& a) {
+  const float rstd = 1.0f / sqrtf(sums.x / float(a.hidden) + a.eps);
+  return make_float2(rstd, rstd * rstd * rstd / float(a.hidden) * sums.y);  // (r, r^3/H * sum m*x)
+}
+
+// ---- dw: sum partials [parts, hidden] over parts in index order ------------------------------------
+template <class T>
+__global__ void __launch_bounds__(256) dw_reduce_kernel(const float* partial, int64_t parts,
+                                                        int64_t hidden, T* dw, int64_t dw_stride) {
+  __shared__ float slice[8][33];
+  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (col < hidden)
+    for (int64_t p = threadIdx.y; p < parts; p += 8) acc += partial[p * hidden + col];
+  slice[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < hidden) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += slice[i][threadIdx.x];
+    dw[col * dw_stride] = from_f32<T>(sum);
+  }
+}
+
+template <class T>
+void launch_dw_reduce(const Context& ctx, const float* partial, int64_t parts, int64_t hidden,
+                      const TensorView& dw) {
+  dw_reduce_kernel<T><<<grid_for(hidden, 32), dim3(32, 8), 0, stream_of(ctx)>>>(
+      partial, parts, hidden, dw.ptr<T>(), dw.stride(0));
+  check_launch("norm backward dw reduction launch");
+}
+
+// ---- scalar kernel ---------------------------------------------------------------------------------
+template <class T, bool kFused>
+__device__ __forceinline__ float input_at(const BwdArgs<T>& a, int64_t row, int64_t c) {
+  const float x = to_f32(a.x[row * a.x_stride + c]);
+  if constexpr (kFused) return to_f32(from_f32<T>(x + to_f32(a.r[row * a.r_stride + c])));
+  return x;
+}
+
+template <class T, bool kFused>
+__global__ void __launch_bounds__(256) rms_norm_bwd_rows_kernel(BwdArgs<T> a, float* partial,
+                                                                int64_t rows_per_block) {
+  __shared__ float2 scratch[32];
+  float* dw_part = partial + int64_t(blockIdx.x) * a.hidden;  // this thread's columns only
+  for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) dw_part[c] = 0.0f;
+  const int64_t first = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t last = min(a.rows, first + rows_per_block);
+  for (int64_t row = first; row < last; ++row) {
+    const T* dy = a.dy + row * a.dy_stride;
+    float2 sums = make_float2(0.0f, 0.0f);
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+      const float v = input_at<T, kFused>(a, row, c);
+      const float m = to_f32(dy[c]) * (to_f32(a.w[c * a.w_stride]) + a.offset);
+      sums.x += v * v;
+      sums.y += m * v;
+    }
+    const float2 k = row_scales(block_sum2(sums, scratch), a);
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+      const float v = input_at<T, kFused>(a, row, c);
+      const float g = to_f32(dy[c]);
+      float dx = k.x * g * (to_f32(a.w[c * a.w_stride]) + a.offset) - k.y * v;
+      if constexpr (kFused) dx += to_f32(a.ds[row * a.ds_stride + c]);
+      a.dx[row * a.dx_stride + c] = from_f32<T>(dx);
+      if constexpr (kFused) a.dr[row * a.dr_stride + c] = from_f32<T>(dx);
+      dw_part[c] += g * v * k.x;
+    }
+  }
+}
+
+// ---- register-resident kernel ----------------------------------------------------------------------
+// Row pointers of one row; columns inside a row fit an int (at most 2 * 512 packs here).
+template <class T> struct BwdRow {
+  const T* x;
+  const T* r;
+  const T* dy;
+  const T* ds;
+  T* dx;
+  T* dr;
+};
+template <class T, bool kFused> __device__ __forceinline__ BwdRow<T> bwd_row(const BwdArgs<T>& a, int64_t row) {
+  BwdRow<T> p{a.x + row * a.x_stride, nullptr, a.dy + row * a.dy_stride, nullptr,
+              a.dx + row * a.dx_stride, nullptr};
+  if constexpr (kFused) {
+    p.r = a.r + row * a.r_stride;
+    p.ds = a.ds + row * a.ds_stride;
+    p.dr = a.dr + row * a.dr_stride;
+  }
+  return p;
+}
+
+template <class T, bool kFused>
+__device__ __forceinline__ Pack<T> input_pack(const BwdRow<T>& p, int col) {
+  Pack<T> x = load_pack(p.x + col);
+  if constexpr (kFused) {
+    const Pack<T> r = load_pack(p.r + col);
+#pragma unroll
+    for (int j = 0; j < Pack<T>::n; ++j) x.v[j] = from_f32<T>(to_f32(x.v[j]) + to_f32(r.v[j]));
+  }
+  return x;
+}
+
+// dx (and dresidual) of one pack, given the row's scales k = (r, r^3/H * sum m*x).
+template <class T, bool kFused>
+__device__ __forceinline__ void store_dx_pack(const BwdRow<T>& p, int col, const Pack<T>& xp,
+                                              const Pack<T>& gp, const Pack<T>& wp, float offset,
+                                              float2 k, float* dw) {
+  constexpr int N = Pack<T>::n;
+  Pack<T> out;
+  Pack<T> dsp;
+  if constexpr (kFused) dsp = load_pack(p.ds + col);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float v = to_f32(xp.v[j]), g = to_f32(gp.v[j]);
+    float dx = k.x * g * (to_f32(wp.v[j]) + offset) - k.y * v;
+    if constexpr (kFused) dx += to_f32(dsp.v[j]);
+    out.v[j] = from_f32<T>(dx);
+    dw[j] += g * v * k.x;
+  }
+  store_pack(p.dx + col, out);
+  if constexpr (kFused) store_pack(p.dr + col, out);
+}
+
+template <class T, int K, bool kFused>
+__global__ void __launch_bounds__(512) rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial,
+                                                               int64_t rows_per_block) {
+  constexpr int N = Pack<T>::n;
+  __shared__ float2 scratch[32];
+  const int n_packs = int(a.hidden / N);
+  const int threads = blockDim.x;
+  Pack<T> wp[K];
+  float dw[K][N];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * threads;
+    if (i < n_packs) wp[k] = load_pack_readonly(a.w + i * N);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = 0.0f;
+  }
+  const int64_t first = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t last = min(a.rows, first + rows_per_block);
+  for (int64_t row = first; row < last; ++row) {
+    const BwdRow<T> p = bwd_row<T, kFused>(a, row);
+    Pack<T> xp[K], gp[K];
+    float2 sums = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * threads;
+      if (i < n_packs) {
+        xp[k] = input_pack<T, kFused>(p, i * N);
+        gp[k] = load_pack(p.dy + i * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float v = to_f32(xp[k].v[j]);
+          sums.x += v * v;
+          sums.y += to_f32(gp[k].v[j]) * (to_f32(wp[k].v[j]) + a.offset) * v;
+        }
+      }
+    }
+    const float2 scale = row_scales(block_sum2(sums, scratch), a);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * threads;
+      if (i < n_packs)
+        store_dx_pack<T, kFused>(p, i * N, xp[k], gp[k], wp[k], a.offset, scale, dw[k]);
+    }
+  }
+  float* dw_part = partial + int64_t(blockIdx.x) * a.hidden;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * threads;
+    if (i < n_packs)
+#pragma unroll
+      for (int j = 0; j < N; j += 4)
+        *reinterpret_cast<float4*>(dw_part + i * N + j) =
+            make_float4(dw[k][j], dw[k][j + 1], dw[k][j + 2], dw[k][j + 3]);
+  }
+}
+
+// ---- launchers -------------------------------------------------------------------------------------
+template <class T, bool kFused>
+void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, bool vec) {
+  if (a.rows == 0) {  // dw = a sum over no rows
+    launch_dw_reduce<T>(ctx, nullptr, 0, a.hidden, dw);
+    return;
+  }
+  const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
+  const int block = vec ? s.block : 256;
+  const Chunks c = dw_chunks(ctx, a.rows, block);
+  // Partials: 16-byte aligned rows (hidden is a multiple of the pack in vec16).
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, c.blocks * a.hidden * int64_t(sizeof(float))));
+  cudaStream_t stream = stream_of(ctx);
+  const unsigned grid = unsigned(c.blocks);
+  if (!vec) {
+    rms_norm_bwd_rows_kernel<T, kFused><<<grid, block, 0, stream>>>(a, partial, c.rows_per_block);
+  } else if (s.k == 1) {
+    rms_norm_bwd_vec_kernel<T, 1, kFused><<<grid, block, 0, stream>>>(a, partial, c.rows_per_block);
+  } else {
+    rms_norm_bwd_vec_kernel<T, 2, kFused><<<grid, block, 0, stream>>>(a, partial, c.rows_per_block);
+  }
+  check_launch(kFused ? "fused_add_rms_norm_backward kernel launch"
+                      : "rms_norm_backward kernel launch");
+  launch_dw_reduce<T>(ctx, partial, c.blocks, a.hidden, dw);
+}
+
+struct BwdViews {
+  const TensorView* dx;
+  const TensorView* dr;  // fused only
+  const TensorView* dw;
+  const TensorView* dy;
+  const TensorView* ds;  // fused only
+  const TensorView* x;
+  const TensorView* r;   // fused only
+  const TensorView* w;
+};
+
+template <class T> BwdArgs<T> bwd_args(const BwdViews& v, double eps, double offset) {
+  BwdArgs<T> a{};
+  a.dx = v.dx->ptr<T>(), a.dx_stride = row_stride_of(*v.dx);
+  a.dy = v.dy->ptr<T>(), a.dy_stride = row_stride_of(*v.dy);
+  a.x = v.x->ptr<T>(), a.x_stride = row_stride_of(*v.x);
+  a.w = v.w->ptr<T>(), a.w_stride = v.w->stride(0);
+  if (v.dr) a.dr = v.dr->ptr<T>(), a.dr_stride = row_stride_of(*v.dr);
+  if (v.ds) a.ds = v.ds->ptr<T>(), a.ds_stride = row_stride_of(*v.ds);
+  if (v.r) a.r = v.r->ptr<T>(), a.r_stride = row_stride_of(*v.r);
+  a.rows = v.x->rows();
+  a.hidden = v.x->size(-1);
+  a.eps = float(eps);
+  a.offset = float(offset);
+  return a;
+}
+
+template <bool kFused>
+void run_backward(const Context& ctx, const BwdViews& v, double eps, double offset, bool vec) {
+  if (v.x->size(-1) == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(v.x->dtype, kFused ? "fused_add_rms_norm_backward" : "rms_norm_backward",
+                 [&](auto tag) {
+                   using T = decltype(tag);
+                   launch_backward<T, kFused>(ctx, bwd_args<T>(v, eps, offset), *v.dw, vec);
+                 });
+}
+
+const char* bwd_vec16_problem(std::initializer_list<const TensorView*> rows, const TensorView& x,
+                              const TensorView& w) {
+  if (const char* why = vec16_common_problem(x, w, 2 * kBwdMaxThreads)) return why;
+  for (const TensorView* t : rows)
+    if (const char* why = pack_rows_problem(*t, x.size(-1))) return why;
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cuda::norm
+
+using cuda::norm::BwdViews;
+using cuda::norm::run_backward;
+
+// ---- rms_norm_backward -------------------------------------------------------------------------------
+void rms_norm_backward_cuda(const Context& ctx, const TensorView& dx, const TensorView& dw,
+                            const TensorView& dy, const TensorView& x, const TensorView& w,
+                            double eps, double offset) {
+  run_backward<false>(ctx, BwdViews{&dx, nullptr, &dw, &dy, nullptr, &x, nullptr, &w}, eps, offset,
+                      false);
+}
+const char* rms_norm_backward_cuda_applicable(const TensorView&, const TensorView&,
+                                              const TensorView&, const TensorView& x,
+                                              const TensorView&, double, double) {
+  return cuda::is_cuda_float(x.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+void rms_norm_backward_cuda_vec16(const Context& ctx, const TensorView& dx, const TensorView& dw,
+                                  const TensorView& dy, const TensorView& x, const TensorView& w,
+                                  double eps, double offset) {
+  run_backward<false>(ctx, BwdViews{&dx, nullptr, &dw, &dy, nullptr, &x, nullptr, &w}, eps, offset,
+                      true);
+}
+const char* rms_norm_backward_cuda_vec16_applicable(const TensorView& dx, const TensorView&,
+                                                    const TensorView& dy, const TensorView& x,
+                                                    const TensorView& w, double, double) {
+  return cuda::norm::bwd_vec16_problem({&dx, &dy, &x}, x, w);
+}
+
+// ---- fused_add_rms_norm_backward ---------------------------------------------------------------------
+void fused_add_rms_norm_backward_cuda(const Context& ctx, const TensorView& dx,
+                                      const TensorView& dresidual, const TensorView& dw,
+                                      const TensorView& dy, const TensorView& ds,
+                                      const TensorView& x, const TensorView& residual,
+                                      const TensorView& w, double eps, double offset) {
+  run_backward<true>(ctx, BwdViews{&dx, &dresidual, &dw, &dy, &ds, &x, &residual, &w}, eps, offset,
+                     false);
+}
+const char* fused_add_rms_norm_backward_cuda_applicable(
+    const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+    const TensorView& x, const TensorView&, const TensorView&, double, double) {
+  return cuda::is_cuda_float(x.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+void fused_add_rms_norm_backward_cuda_vec16(const Context& ctx, const TensorView& dx,
+                                            const TensorView& dresidual, const TensorView& dw,
+                                            const TensorView& dy, const TensorView& ds,
+                                            const TensorView& x, const TensorView& residual,
+                                            const TensorView& w, double eps, double offset) {
+  run_backward<true>(ctx, BwdViews{&dx, &dresidual, &dw, &dy, &ds, &x, &residual, &w}, eps, offset,
+                     true);
+}
+const char* fused_add_rms_norm_backward_cuda_vec16_applicable(
+    const TensorView& dx, const TensorView& dresidual, const TensorView&, const TensorView& dy,
+    const TensorView& ds, const TensorView& x, const TensorView& residual, const TensorView& w,
+    double, double) {
+  return cuda::norm::bwd_vec16_problem({&dx, &dresidual, &dy, &ds, &x, &residual}, x, w);
+}
+
+}  // namespace opforge

@@ -1,0 +1,86 @@
+// Parts shared by the norm family's CUDA files (cuda.cu: forward, cuda_backward.cu: backward):
+// kernel argument blocks, the register-resident row shape and the vec16 predicate pieces.
+#pragma once
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/norm/norm_cuda.h"
+
+namespace opforge::cuda::norm {
+
+// Arguments of the forward kernels. Plain rms_norm leaves s and r null (kFused = false).
+template <class T> struct FwdArgs {
+  T* y;
+  T* s;
+  const T* x;
+  const T* r;
+  const T* w;
+  int64_t y_stride, s_stride, x_stride, r_stride, w_stride;  // row strides; w: element stride
+  int64_t rows, hidden;
+  float eps, offset;
+};
+
+// Arguments of the backward kernels. Plain rms_norm_backward leaves dr, ds and r null.
+template <class T> struct BwdArgs {
+  T* dx;
+  T* dr;
+  const T* dy;
+  const T* ds;
+  const T* x;
+  const T* r;
+  const T* w;
+  int64_t dx_stride, dr_stride, dy_stride, ds_stride, x_stride, r_stride, w_stride;
+  int64_t rows, hidden;
+  float eps, offset;
+};
+
+// Row stride of a row tensor; a 1-D tensor is one row.
+inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
+
+// Note [register-resident row]: a vec16 kernel gives each row `threads` threads that each hold
+// K packs of 16 bytes in registers (pack i of the row lives in thread i % threads, slot i / threads),
+// so x is read from memory once. K is 1 or 2, the smaller that fits the row in `max_threads`
+// (1024 forward, 512 backward, where more values stay live); a longer row goes to the scalar
+// kernel (the predicates say so). K = 4 was tried: at 1024 threads (64 registers a thread) the
+// 16-bit forward kernels spilled, and at 512 threads it covers no row that K = 2 does not.
+struct RowShape {
+  int k = 1;            // packs per thread
+  int threads = 32;     // threads per row: a power of two <= 32, or a multiple of 32
+  int rows_per_block = 1;
+  int block = 32;
+};
+inline RowShape register_row_shape(int64_t n_packs, int max_threads, int group_block) {
+  RowShape s;
+  s.k = n_packs <= max_threads ? 1 : 2;
+  int64_t per_row = (n_packs + s.k - 1) / s.k;
+  if (per_row <= 32 && group_block > 0) {
+    int t = 1;
+    while (t < per_row) t *= 2;
+    s.threads = t;
+    s.block = group_block;
+    s.rows_per_block = group_block / t;
+  } else {
+    s.threads = int((per_row + 31) / 32 * 32);
+    s.block = s.threads;
+    s.rows_per_block = 1;
+  }
+  return s;
+}
+
+inline constexpr int kFwdMaxThreads = 1024;  // forward: up to 2 * 1024 packs per row
+inline constexpr int kBwdMaxThreads = 512;   // backward: up to 2 * 512 packs (more live values)
+
+// Shared by the vec16 predicates: dtype, w contiguous and aligned, hidden a multiple of the pack.
+inline const char* vec16_common_problem(const TensorView& x, const TensorView& w, int64_t max_packs) {
+  if (!is_cuda_float(x.dtype)) return kNotCudaFloat;
+  const int64_t n = 16 / x.itemsize();
+  const int64_t hidden = x.size(-1);
+  if (hidden % n != 0) return n == 8 ? "hidden % 8 != 0" : "hidden % 4 != 0";
+  if (hidden / n > max_packs)
+    return max_packs == 2 * kFwdMaxThreads ? "hidden exceeds a register-resident row (2048 packs)"
+                                           : "hidden exceeds a register-resident row (1024 packs)";
+  if (w.stride(0) != 1 && hidden > 1) return "w is not contiguous";
+  if (!aligned16(w.data)) return "w is not 16-byte aligned";
+  return nullptr;
+}
+
+}  // namespace opforge::cuda::norm

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The whole GPU round in one call on a lent H100/H200, from the repository root:
+#   1. unpack the .deb files of .gpudeps/ (made by scripts/gpu-deps.sh) into a private prefix,
+#   2. configure and build for sm_90 with CMake + Ninja (library, CLI, test binary),
+#   3. the CUDA kernel tests (tests/cuda_kernels_test.cpp), then the whole test binary,
+#   4. `opforge check --backend cuda` in test and grad modes,
+#   5. compute-sanitizer memcheck and racecheck over the CUDA kernel tests and the harness's
+#      CUDA test run (small cases: the sanitizers slow kernels down a hundredfold),
+#   6. `opforge bench --backend cuda` and the kernel timing table of the CUDA tests,
+#   7. a dated markdown report with the card's name and every figure, in $OUT.
+# Logs are teed into $OUT (at most 8 files come back from the device tool); a summary table is
+# printed last. Each step has its own time limit and a failing step does not stop the next.
+#
+# Usage (device tool): carry [".gpudeps"], command "bash scripts/gpu-check.sh".
+# Environment: OUT (default ./out), JOBS (default: all cores), BUILD_DIR (default build-gpu),
+# GPU_CHECK_SKIP (space-separated step names to skip, e.g. "sanitizer full_tests").
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+JOBS="${JOBS:-$(nproc)}"
+BUILD_DIR="${BUILD_DIR:-build-gpu}"
+PREFIX="${TMPDIR:-/tmp}/opforge-gpudeps"
+DATE="$(date -u +%Y-%m-%d)"
+REPORT="$OUT/gpu-report-$DATE.md"
+SKIP=" ${GPU_CHECK_SKIP:-} "
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+declare -a STEP_NAMES STEP_STATUS STEP_SECONDS STEP_NOTES
+
+# run_step NAME LOG LIMIT_SECONDS command...: runs with a time limit, appends output to LOG (and
+# the terminal), records pass / FAIL / TIMEOUT and the seconds taken.
+run_step() {
+  local name="$1" log="$2" limit="$3"
+  shift 3
+  if [[ "$SKIP" == *" $name "* ]]; then
+    STEP_NAMES+=("$name") STEP_STATUS+=("skipped") STEP_SECONDS+=("0") STEP_NOTES+=("GPU_CHECK_SKIP")
+    return 0
+  fi
+  echo "=== $name: $*" | tee -a "$log"
+  local start=$SECONDS rc
+  # Through bash -c so that exported shell functions (unpack_deps, configure, build) run too.
+  timeout --kill-after=10 "$limit" bash -c '"$@"' run_step "$@" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  local status="pass"
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then status="TIMEOUT"; elif [[ $rc -ne 0 ]]; then status="FAIL (rc $rc)"; fi
+  STEP_NAMES+=("$name") STEP_STATUS+=("$status") STEP_SECONDS+=("$((SECONDS - start))") STEP_NOTES+=("")
+  echo "=== $name: $status in $((SECONDS - start)) s" | tee -a "$log"
+  [[ $status == pass ]]
+}
+
+note_last() { STEP_NOTES[${#STEP_NOTES[@]}-1]="$1"; }
+
+# ---- 0. the machine ---------------------------------------------------------------------------
+machine_info() {
+  echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M')"
+  echo "card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  echo "nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*' | head -1)"
+  echo "cmake: $(cmake --version 2>&1 | head -1)"
+  echo "host compiler: $(c++ --version 2>&1 | head -1)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo 'none (uncommitted tree)')"
+}
+CARD="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+CARD="${CARD:-unknown card}"
+machine_info | tee "$OUT/build.log"
+
+# ---- 1. dependencies --------------------------------------------------------------------------
+unpack_deb() {  # unpack_deb FILE DEST: dpkg -x, or by hand where dpkg is missing
+  if command -v dpkg >/dev/null; then dpkg -x "$1" "$2"; return; fi
+  local member
+  member="$(ar t "$1" | grep '^data.tar')" || return 1
+  case "$member" in
+    *.xz) ar p "$1" "$member" | tar -x -J -C "$2" ;;
+    *.zst) ar p "$1" "$member" | tar -x --zstd -C "$2" ;;
+    *.gz) ar p "$1" "$member" | tar -x -z -C "$2" ;;
+    *) ar p "$1" "$member" | tar -x -C "$2" ;;
+  esac
+}
+
+unpack_deps() {
+  local debs=(.gpudeps/*.deb)
+  [[ -e "${debs[0]}" ]] || { echo "no .gpudeps/*.deb: run scripts/gpu-deps.sh here and carry .gpudeps"; return 1; }
+  rm -rf "$PREFIX" && mkdir -p "$PREFIX"
+  for f in "${debs[@]}"; do unpack_deb "$f" "$PREFIX" || { echo "cannot unpack $f"; return 1; }; done
+  echo "unpacked ${#debs[@]} packages into $PREFIX"
+}
+
+configure() {
+  local lib="$PREFIX/usr/lib/x86_64-linux-gnu/cmake" share="$PREFIX/usr/share/cmake"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DOPFORGE_CUDA=ON -DOPFORGE_CUDA_ARCH=90 -DOPFORGE_BUILD_BENCH=OFF -DOPFORGE_BUILD_TESTS=ON \
+    -DCMAKE_PREFIX_PATH="$PREFIX/usr" \
+    -Dfmt_DIR="$lib/fmt" -Dhwy_DIR="$lib/hwy" -DGTest_DIR="$lib/GTest" \
+    -Dnlohmann_json_DIR="$share/nlohmann_json" -DCLI11_DIR="$share/CLI11"
+}
+
+build() { ninja -C "$BUILD_DIR" -j "$JOBS" opforge opforge_cli opforge_tests; }
+
+export root PREFIX BUILD_DIR JOBS
+export -f unpack_deb unpack_deps configure build
+
+run_step deps "$OUT/build.log" 60 unpack_deps
+export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+built=0
+if run_step configure "$OUT/build.log" 120 configure && run_step build "$OUT/build.log" 420 build; then
+  built=1
+fi
+
+BIN="$BUILD_DIR/opforge"
+TESTS="$BUILD_DIR/tests/opforge_tests"
+[[ -x "$TESTS" ]] || TESTS="$(find "$BUILD_DIR" -name opforge_tests -type f -perm -u+x 2>/dev/null | head -1)"
+
+if [[ $built -eq 1 ]]; then
+  # ---- 2. tests ---------------------------------------------------------------------------------
+  run_step cuda_tests "$OUT/gtest.log" 240 "$TESTS" --gtest_filter='CudaKernels.*' --gtest_color=no
+  note_last "$(grep -Eo '\[  PASSED  \] [0-9]+ tests?|\[  FAILED  \] [0-9]+ tests?|[0-9]+ tests?, listed below' "$OUT/gtest.log" | tr '\n' ' ')"
+  run_step full_tests "$OUT/gtest.log" 300 "$TESTS" --gtest_filter='-CudaKernels.*:CudaKernelsTiming.*' --gtest_brief=1 --gtest_color=no
+  note_last "$(tail -n 40 "$OUT/gtest.log" | grep -Eo '\[  (PASSED|FAILED)  \] [0-9]+ tests?' | tr '\n' ' ')"
+
+  # ---- 3. harness -------------------------------------------------------------------------------
+  run_step check_test "$OUT/check.log" 240 "$BIN" check --backend cuda --mode test --json "$OUT/check-test.json"
+  run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
+
+  # ---- 4. sanitizers ----------------------------------------------------------------------------
+  san_filter='CudaKernels.*-*Beyond2Pow31*'
+  if command -v compute-sanitizer >/dev/null; then
+    for tool in memcheck racecheck; do
+      run_step "${tool}_kernels" "$OUT/sanitizer.log" 300 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        "$TESTS" --gtest_filter="$san_filter" --gtest_color=no
+      note_last "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+      run_step "${tool}_harness" "$OUT/sanitizer.log" 300 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        "$BIN" check --backend cuda --mode test --group small
+      note_last "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+    done
+  else
+    STEP_NAMES+=("sanitizer") STEP_STATUS+=("skipped") STEP_SECONDS+=("0") STEP_NOTES+=("no compute-sanitizer")
+  fi
+
+  # ---- 5. performance ---------------------------------------------------------------------------
+  run_step timing "$OUT/bench.log" 240 "$TESTS" --gtest_also_run_disabled_tests \
+    --gtest_filter='CudaKernelsTiming.*' --gtest_color=no
+  run_step bench "$OUT/bench.log" 300 "$BIN" bench --backend cuda --json "$OUT/bench.json"
+fi
+
+# ---- 6. report ----------------------------------------------------------------------------------
+summary_table() {
+  echo "| step | status | seconds | note |"
+  echo "|---|---|---|---|"
+  for i in "${!STEP_NAMES[@]}"; do
+    echo "| ${STEP_NAMES[$i]} | ${STEP_STATUS[$i]} | ${STEP_SECONDS[$i]} | ${STEP_NOTES[$i]} |"
+  done
+}
+
+section() {  # section TITLE FILE PATTERN: the matching lines of a log, or its tail
+  local title="$1" file="$2" pattern="$3"
+  echo
+  echo "## $title"
+  echo
+  if [[ ! -s "$file" ]]; then echo "(no output)"; return; fi
+  echo '```'
+  if [[ -n "$pattern" ]]; then grep -E "$pattern" "$file" | tail -n 80; else tail -n 80 "$file"; fi
+  echo '```'
+}
+
+{
+  echo "# GPU check, $DATE, $CARD"
+  echo
+  echo "Produced by scripts/gpu-check.sh; full logs: build.log, gtest.log, check.log, sanitizer.log,"
+  echo "bench.log, bench.json (same folder)."
+  echo
+  echo '```'
+  machine_info
+  echo '```'
+  echo
+  echo "## Summary"
+  echo
+  summary_table
+  section "CUDA kernel timing (tests/cuda_kernels_test.cpp, median of 30 samples of 20 launches, events)" \
+    "$OUT/bench.log" '^\|'
+  section "opforge bench --backend cuda" "$OUT/bench.log" '^[^|=]'
+  section "opforge check --backend cuda (test, grad)" "$OUT/check.log" ''
+  section "compute-sanitizer" "$OUT/sanitizer.log" 'SUMMARY|^=== |Invalid|race|Race|error'
+  section "CUDA kernel tests" "$OUT/gtest.log" '^\[ *(OK|FAILED|PASSED|SKIPPED) *\]|Failure|error'
+} > "$REPORT"
+
+echo
+echo "report: $REPORT"
+echo "card: $CARD"
+summary_table

@@ -1,0 +1,19 @@
+#include "backends/cpu/tiling.h"
+
+namespace opforge::cpu {
+
+int64_t capacity_block(const TileSpec& spec, int64_t cache_bytes) {
+  const double budget = spec.safety_margin * double(cache_bytes);
+  const double unit = double(std::max<int64_t>(spec.bytes_per_element, 1)) *
+                      double(std::max<int64_t>(spec.multiplier, 1));
+  const int64_t max_block = std::max<int64_t>(spec.max_block, 1);
+  int64_t block = 1;
+  while (block * 2 <= max_block && unit * double(block * 2) <= budget) block *= 2;
+  return block;
+}
+
+int64_t capacity_block(const TileSpec& spec) {
+  return capacity_block(spec, cpu_info().cache(spec.level).bytes);
+}
+
+}  // namespace opforge::cpu

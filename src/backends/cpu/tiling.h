@@ -1,0 +1,53 @@
+// Block sizes for CPU kernels, from the cache sizes of the machine (Note [cache sizes]).
+//
+// Note [tiling]: every CPU kernel takes its block sizes (rows per OpenMP task, elements per task)
+// from capacity_block(), never from constants of its own:
+//
+//   block = the largest power of two with
+//           bytes_per_element * multiplier * block <= safety_margin * cache_bytes(level)
+//
+// bytes_per_element is the working set one element brings (the bytes of every tensor the kernel
+// touches at that element, plus any scratch it keeps per element); multiplier is the number of
+// elements in one unit of the block (hidden for a block of rows, 1 for a block of elements).
+// safety_margin leaves room for what the block does not account for (other tensors' lines,
+// hardware prefetch, the cache's associativity). The block is at least 1 (a unit too large for
+// the cache still runs, one unit at a time) and at most max_block. A power of two keeps blocks
+// aligned to vector widths and makes the sizes easy to read in traces.
+//
+// Block sizes depend on the machine's caches, never on the thread count, so results of kernels
+// that reduce per block (dw of the norm backward ops) are the same run to run on one machine.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backends/cpu/cpu_info.h"
+
+namespace opforge::cpu {
+
+struct TileSpec {
+  int64_t bytes_per_element = 4;
+  int64_t multiplier = 1;
+  CacheLevel level = CacheLevel::l2;
+  double safety_margin = 0.5;
+  int64_t max_block = int64_t(1) << 30;
+};
+
+// Note [tiling] with the cache size of this machine (cpu_info()).
+int64_t capacity_block(const TileSpec& spec);
+// The same with an explicit cache size (tests, what-if estimates).
+int64_t capacity_block(const TileSpec& spec, int64_t cache_bytes);
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows cut into tasks of rows_per_task rows (the last one may be shorter).
+struct RowTasks {
+  int64_t rows = 0;
+  int64_t rows_per_task = 1;
+
+  int64_t count() const { return rows > 0 ? ceil_div(rows, rows_per_task) : 0; }
+  int64_t begin(int64_t task) const { return task * rows_per_task; }
+  int64_t end(int64_t task) const { return std::min(rows, (task + 1) * rows_per_task); }
+};
+
+}  // namespace opforge::cpu

@@ -1,0 +1,280 @@
+// The CUDA backend: memory hooks, the availability probe, device properties, the workspace cache
+// and an event timer. Kernels live with their op family (ops/<family>/cuda.cu).
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_launch.cuh"
+
+namespace opforge {
+namespace cuda {
+
+void throw_cuda_error(const char* what, cudaError_t status) {
+  throw Error(ErrorCode::backend, std::string(what) + " failed: " + cudaGetErrorString(status));
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::check;
+
+// ---- memory hooks (synchronous: tools and harness, never a kernel's hot path) ---------------------
+void* cuda_allocate(int64_t bytes, int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  void* p = nullptr;
+  cudaError_t status = cudaMalloc(&p, size_t(bytes));
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it, so that the next launch check does not report it again
+    throw Error(ErrorCode::backend, "cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" +
+                                        std::to_string(device_index) +
+                                        " failed: " + cudaGetErrorString(status));
+  }
+  return p;
+}
+
+// Called from a tensor's deleter, which must not throw: a failure is reported once as a warning.
+void cuda_release(void* p, int device_index) {
+  int previous = 0;
+  cudaGetDevice(&previous);
+  if (previous != device_index) cudaSetDevice(device_index);
+  cudaError_t status = cudaFree(p);
+  if (previous != device_index) cudaSetDevice(previous);
+  if (status != cudaSuccess)
+    warn_once("cudaFree", std::string("cudaFree failed: ") + cudaGetErrorString(status));
+}
+
+void cuda_to_host(void* dst, const void* src, int64_t bytes, int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  check(cudaMemcpy(dst, src, size_t(bytes), cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+}
+
+void cuda_to_device(void* dst, const void* src, int64_t bytes, int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  check(cudaMemcpy(dst, src, size_t(bytes), cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+}
+
+// cudaMemcpy between device buffers returns before the copy ends; the hook promises a finished copy.
+void cuda_device_to_device(void* dst, const void* src, int64_t bytes, int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  check(cudaMemcpy(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice), "cudaMemcpy (device to device)");
+  check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+}
+
+void cuda_synchronize(int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+// ---- availability (Note [cuda availability]) ------------------------------------------------------
+__global__ void probe_kernel(int* out) {
+  if (out) *out = 1;
+}
+
+std::string version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+// Why device `i` cannot run the kernels, or "" when it can.
+std::string device_problem(int i) {
+  cudaDeviceProp prop{};
+  if (cudaError_t s = cudaGetDeviceProperties(&prop, i); s != cudaSuccess)
+    return "cudaGetDeviceProperties(" + std::to_string(i) + ") failed: " + cudaGetErrorString(s);
+  std::string name = "cuda:" + std::to_string(i) + " (" + prop.name + ", compute capability " +
+                     std::to_string(prop.major) + "." + std::to_string(prop.minor) + ")";
+  if (prop.major < 9)
+    return name + " is older than compute capability 9.0; opforge's CUDA kernels are built for sm_90";
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(i);
+  cudaFuncAttributes attr{};
+  cudaError_t s = cudaFuncGetAttributes(&attr, probe_kernel);
+  cudaSetDevice(previous);
+  if (s != cudaSuccess) {
+    cudaGetLastError();
+    return name + ": no loadable kernel image (" + cudaGetErrorString(s) + ")";
+  }
+  return "";
+}
+
+Availability probe_once() {
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+    return {false, "no CUDA driver is installed (runtime " + version_text(runtime) + ")"};
+  if (driver < runtime)
+    return {false, "the CUDA driver (" + version_text(driver) + ") is older than the runtime (" +
+                       version_text(runtime) + ") opforge was built with"};
+  int count = 0;
+  cudaError_t s = cudaGetDeviceCount(&count);
+  if (s == cudaErrorNoDevice || (s == cudaSuccess && count == 0)) {
+    cudaGetLastError();
+    return {false, "no CUDA device is visible"};
+  }
+  if (s != cudaSuccess) {
+    cudaGetLastError();
+    if (s == cudaErrorInsufficientDriver)
+      return {false, "the CUDA driver (" + version_text(driver) + ") is older than the runtime (" +
+                         version_text(runtime) + ")"};
+    return {false, std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(s)};
+  }
+  for (int i = 0; i < count; ++i)
+    if (std::string why = device_problem(i); !why.empty()) return {false, why};
+  return {true, ""};
+}
+
+// ---- workspace (Note [cuda workspace]) ------------------------------------------------------------
+struct Workspace {
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
+struct WorkspaceCache {
+  std::mutex mutex;
+  std::map<std::pair<int, void*>, Workspace> buffers;
+  ~WorkspaceCache() {
+    for (auto& [key, w] : buffers) cudaFree(w.data);  // at exit; errors ignored (driver may be gone)
+  }
+};
+WorkspaceCache& workspace_cache() {
+  static WorkspaceCache cache;
+  return cache;
+}
+
+int64_t next_power_of_two(int64_t v) {
+  int64_t p = 1 << 20;  // at least 1 MiB: small shapes never grow it
+  while (p < v) p *= 2;
+  return p;
+}
+
+double cuda_time_calls_us(void (*fn)(void*), void* arg, int warmup, int batch, int reps,
+                          int device_index) {
+  return cuda_median_us(device_index, [fn, arg] { fn(arg); }, warmup, reps, batch);
+}
+
+std::string cuda_device_name(int device_index) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device_index), "cudaGetDeviceProperties");
+  return prop.name;
+}
+
+}  // namespace
+
+void register_cuda_backend(Registry&) {
+  DeviceMemoryOps ops;
+  ops.allocate = &cuda_allocate;
+  ops.release = &cuda_release;
+  ops.to_host = &cuda_to_host;
+  ops.to_device = &cuda_to_device;
+  ops.device_to_device = &cuda_device_to_device;
+  ops.synchronize = &cuda_synchronize;
+  ops.time_calls_us = &cuda_time_calls_us;
+  ops.device_name = &cuda_device_name;
+  install_device_memory_ops(DeviceKind::cuda, ops);
+}
+
+KernelDesc cuda_kernel_desc(std::string impl, int priority, std::string summary, bool in_place) {
+  KernelDesc d;
+  d.impl = std::move(impl);
+  d.device = DeviceKind::cuda;
+  d.priority = priority;
+  d.summary = std::move(summary);
+  d.properties.deterministic = true;
+  d.properties.batch_invariant = true;
+  d.properties.in_place = in_place;
+  d.dtypes = {DType::f32, DType::f16, DType::bf16};
+  d.probe = &cuda_availability;
+  return d;
+}
+
+Availability cuda_availability() {
+  static const Availability answer = [] {
+    try {
+      return probe_once();
+    } catch (const std::exception& e) {
+      return Availability{false, std::string("CUDA probe failed: ") + e.what()};
+    }
+  }();
+  return answer;
+}
+
+const CudaDeviceProps& cuda_device_props(int device_index) {
+  constexpr int kMaxDevices = 64;
+  static CudaDeviceProps props[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  if (device_index < 0 || device_index >= kMaxDevices)
+    throw Error(ErrorCode::invalid_argument, "CUDA device index " + std::to_string(device_index) +
+                                                 " is out of range");
+  std::call_once(once[device_index], [device_index] {
+    CudaDeviceProps p;
+    p.index = device_index;
+    auto attr = [device_index](cudaDeviceAttr a, const char* name) {
+      int v = 0;
+      check(cudaDeviceGetAttribute(&v, a, device_index), name);
+      return v;
+    };
+    p.sm_count = attr(cudaDevAttrMultiProcessorCount, "cudaDeviceGetAttribute(MultiProcessorCount)");
+    p.cc_major = attr(cudaDevAttrComputeCapabilityMajor, "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+    p.cc_minor = attr(cudaDevAttrComputeCapabilityMinor, "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
+    p.max_threads_per_sm = attr(cudaDevAttrMaxThreadsPerMultiProcessor, "cudaDeviceGetAttribute(MaxThreadsPerMultiProcessor)");
+    p.max_threads_per_block = attr(cudaDevAttrMaxThreadsPerBlock, "cudaDeviceGetAttribute(MaxThreadsPerBlock)");
+    p.shared_per_block = attr(cudaDevAttrMaxSharedMemoryPerBlock, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlock)");
+    p.shared_per_block_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    p.shared_per_sm = attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+    p.l2_bytes = attr(cudaDevAttrL2CacheSize, "cudaDeviceGetAttribute(L2CacheSize)");
+    p.regs_per_sm = attr(cudaDevAttrMaxRegistersPerMultiprocessor, "cudaDeviceGetAttribute(MaxRegistersPerMultiprocessor)");
+    props[device_index] = p;
+  });
+  return props[device_index];
+}
+
+void* cuda_workspace(const Context& ctx, int64_t bytes) {
+  WorkspaceCache& cache = workspace_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  Workspace& w = cache.buffers[{ctx.device.index, ctx.stream.handle}];
+  if (w.bytes >= bytes) return w.data;
+  cuda::DeviceGuard guard(ctx.device.index);
+  if (w.data) {
+    // Earlier calls on this stream may still read the old buffer.
+    check(cudaStreamSynchronize(cuda::stream_of(ctx)), "cudaStreamSynchronize (workspace growth)");
+    check(cudaFree(w.data), "cudaFree (workspace)");
+    w = {};
+  }
+  int64_t size = next_power_of_two(bytes);
+  check(cudaMalloc(&w.data, size_t(size)), "cudaMalloc (workspace)");
+  w.bytes = size;
+  return w.data;
+}
+
+int64_t cuda_free_memory_bytes(int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  size_t free_bytes = 0, total = 0;
+  check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+  return int64_t(free_bytes);
+}
+
+double cuda_median_us(int device_index, const std::function<void()>& fn, int warmup, int repeats,
+                      int calls_per_sample) {
+  calls_per_sample = std::max(calls_per_sample, 1);
+  cuda::DeviceGuard guard(device_index);
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> ms(size_t(std::max(repeats, 1)));
+  for (float& t : ms) {
+    check(cudaEventRecord(start, nullptr), "cudaEventRecord");
+    for (int i = 0; i < calls_per_sample; ++i) fn();
+    check(cudaEventRecord(stop, nullptr), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return double(ms[ms.size() / 2]) * 1000.0 / calls_per_sample;
+}
+
+}  // namespace opforge

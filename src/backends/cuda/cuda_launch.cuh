@@ -1,0 +1,183 @@
+// Shared helpers of the CUDA kernels: error checks, the stream and device of a call, element
+// conversions, 16-byte packs and deterministic warp / block reductions.
+//
+// Note [cuda reductions]: every reduction here has a fixed shape for a given launch (xor butterfly
+// inside a warp, then warp partials summed in warp order), so a kernel's result depends only on its
+// inputs and launch shape, never on timing. A butterfly leaves the same bits in every lane because
+// each step adds the same two values (float addition is commutative).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/cuda_backend.h"
+#include "opforge/error.h"
+#include "opforge/op.h"
+
+namespace opforge::cuda {
+
+// ---- errors --------------------------------------------------------------------------------------
+[[noreturn]] void throw_cuda_error(const char* what, cudaError_t status);
+
+inline void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) [[unlikely]] throw_cuda_error(what, status);
+}
+// OPFORGE_CUDA_CHECK(cudaMalloc(&p, n)) throws "cudaMalloc(&p, n) failed: out of memory".
+#define OPFORGE_CUDA_CHECK(call) ::opforge::cuda::check((call), #call)
+
+// After every launch: a bad configuration or an earlier asynchronous fault surfaces here.
+inline void check_launch(const char* kernel) {
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) [[unlikely]] throw_cuda_error(kernel, status);
+}
+
+// ---- stream and device ---------------------------------------------------------------------------
+inline cudaStream_t stream_of(const Context& ctx) {
+  return reinterpret_cast<cudaStream_t>(ctx.stream.handle);
+}
+
+// Makes ctx.device current for the scope of a launch and restores the caller's device after.
+// Costs one cudaGetDevice when the device is already current (the usual case).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    OPFORGE_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != index) OPFORGE_CUDA_CHECK(cudaSetDevice(index));
+    else previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);  // best effort: destructors do not throw
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
+inline unsigned grid_for(int64_t work, int64_t per_block) {
+  int64_t blocks = (work + per_block - 1) / per_block;
+  if (blocks < 1) blocks = 1;
+  return unsigned(blocks < 0x7fffffff ? blocks : 0x7fffffff);
+}
+
+// ---- elements ------------------------------------------------------------------------------------
+// f32 <-> element with round to nearest even (Note [rounding] in dtype.h).
+template <class T> __device__ __forceinline__ float to_f32(T v);
+template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <class T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Sixteen bytes of elements: one LDG.128 / STG.128. The pointer must be 16-byte aligned (each
+// vectorized kernel's predicate checks it).
+template <class T> struct alignas(16) Pack {
+  static constexpr int n = 16 / int(sizeof(T));
+  T v[n];
+};
+template <class T> __device__ __forceinline__ Pack<T> load_pack(const T* p) {
+  uint4 raw = *reinterpret_cast<const uint4*>(p);
+  Pack<T> out;
+  static_assert(sizeof(out) == sizeof(raw));
+  __builtin_memcpy(&out, &raw, sizeof(raw));
+  return out;
+}
+template <class T> __device__ __forceinline__ Pack<T> load_pack_readonly(const T* p) {
+  uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  Pack<T> out;
+  __builtin_memcpy(&out, &raw, sizeof(raw));
+  return out;
+}
+template <class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T>& pack) {
+  uint4 raw;
+  __builtin_memcpy(&raw, &pack, sizeof(raw));
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// ---- reductions (Note [cuda reductions]) ----------------------------------------------------------
+// Sum over aligned groups of `width` lanes (a power of two <= 32); every lane of a group gets it.
+template <int width = 32> __device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int offset = width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+// Sum over aligned groups of `width` lanes chosen at run time (a power of two <= 32).
+__device__ __forceinline__ float lane_group_sum(float v, int width) {
+  for (int offset = width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float2 warp_sum2(float2 v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
+  }
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the same
+// bits. `scratch` holds 32 floats of shared memory; the trailing barrier lets the caller reuse it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = group_sum<32>(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : 0.0f;
+  v = group_sum<32>(v);
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float2 block_sum2(float2 v, float2* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum2(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : make_float2(0.0f, 0.0f);
+  v = warp_sum2(v);
+  __syncthreads();
+  return v;
+}
+
+// ---- dtype dispatch ------------------------------------------------------------------------------
+// Calls f(T{}) with T = float, __half or __nv_bfloat16 for the view's dtype; throws otherwise
+// (predicates reject other dtypes first, so this is a broken invariant).
+template <class F> void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::f16: f(__half{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    default:
+      throw Error(ErrorCode::internal,
+                  std::string(op) + ": CUDA kernel called with dtype " + dtype_name(dtype));
+  }
+}
+
+// ---- predicate helpers (static reasons, no allocation) ------------------------------------------
+inline bool is_cuda_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+inline constexpr const char* kNotCudaFloat = "dtype is not f32, f16 or bf16";
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// nullptr when the rows of `t` (Note [row layout]) can be read as 16-byte packs with `elements`
+// per row: a 16-byte aligned base, a row length and a row stride that are multiples of the pack.
+inline const char* pack_rows_problem(const TensorView& t, int64_t elements) {
+  const int64_t n = 16 / t.itemsize();
+  if (!aligned16(t.data)) return "a data pointer is not 16-byte aligned";
+  if (elements % n != 0) return n == 8 ? "row length % 8 != 0" : "row length % 4 != 0";
+  if (t.rows() > 1 && t.row_stride() % n != 0)
+    return n == 8 ? "row stride % 8 != 0" : "row stride % 4 != 0";
+  return nullptr;
+}
+
+}  // namespace opforge::cuda

@@ -1,0 +1,82 @@
+// The harness must catch faulty kernels: a small numeric error, an unwritten element, an
+// out-of-bounds write, a write to an input; and must pass a correct kernel.
+#include <gtest/gtest.h>
+
+#include "opforge/harness.h"
+#include "tests/toy_ops.h"
+
+namespace {
+
+using namespace opforge;
+
+harness::Report run_test_with(const std::string& impl, OpTraits<toy::Scale2>::Kernel* fn) {
+  Registry reg;
+  toy::add_scale2(reg, impl, fn);
+  harness::Options opt;
+  opt.backends = {impl};
+  return harness::run_test(reg, opt);
+}
+
+std::string first_failure(const harness::Report& r) {
+  for (const auto& x : r.results)
+    if (x.status == harness::Status::fail) return x.detail;
+  return "";
+}
+
+TEST(Harness, PassesACorrectKernel) {
+  harness::Report r = run_test_with("good", &toy::scale2_good);
+  EXPECT_EQ(r.count(harness::Status::fail), 0) << first_failure(r);
+  EXPECT_EQ(r.count(harness::Status::pass), 3);  // three cases, f32
+}
+
+TEST(Harness, CatchesASlightlyWrongKernel) {
+  harness::Report r = run_test_with("wrong", &toy::scale2_slightly_wrong);
+  EXPECT_GT(r.count(harness::Status::fail), 0);
+  EXPECT_NE(first_failure(r).find("atol"), std::string::npos) << first_failure(r);
+}
+
+TEST(Harness, CatchesAnUnwrittenElement) {
+  harness::Report r = run_test_with("unwritten", &toy::scale2_unwritten);
+  EXPECT_GT(r.count(harness::Status::fail), 0);
+  EXPECT_NE(first_failure(r).find("not written"), std::string::npos) << first_failure(r);
+}
+
+TEST(Harness, CatchesAnOutOfBoundsWrite) {
+  harness::Report r = run_test_with("oob", &toy::scale2_out_of_bounds);
+  EXPECT_GT(r.count(harness::Status::fail), 0);
+  EXPECT_NE(first_failure(r).find("out-of-bounds"), std::string::npos) << first_failure(r);
+}
+
+TEST(Harness, CatchesAWriteToAnInput) {
+  harness::Report r = run_test_with("writes_input", &toy::scale2_writes_input);
+  EXPECT_GT(r.count(harness::Status::fail), 0);
+  EXPECT_NE(first_failure(r).find("was modified"), std::string::npos) << first_failure(r);
+}
+
+TEST(Harness, ReportsInapplicableCasesAsSkipped) {
+  Registry reg;
+  toy::add_scale2(reg, "even", &toy::scale2_good, &toy::even_only);
+  harness::Options opt;
+  opt.backends = {"even"};
+  harness::Report r = harness::run_test(reg, opt);
+  EXPECT_EQ(r.count(harness::Status::fail), 0);
+  EXPECT_EQ(r.count(harness::Status::skip), 1);  // 3x5 is odd; 0x5 has 0 elements (even)
+}
+
+TEST(Harness, PerfReportsTimesAndCeiling) {
+  Registry reg;
+  toy::add_scale2(reg, "good", &toy::scale2_good);
+  harness::Options opt;
+  opt.groups = {CaseGroup::small};
+  opt.perf_min_seconds = 0.001;
+  harness::Report r = harness::run_perf(reg, opt);
+  ASSERT_EQ(r.results.size(), 2u);  // reference and good, f32
+  EXPECT_GT(r.cpu_copy_gbps, 0.1);
+  for (const auto& x : r.results) {
+    EXPECT_EQ(x.status, harness::Status::pass) << x.detail;
+    EXPECT_GT(x.median_us, 0);
+    EXPECT_DOUBLE_EQ(x.bytes, 4 * 8 * 8.0);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,43 @@
+// Shared pieces of the `opforge` command-line tool: one file per subcommand (tools/cmd_*.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "opforge/harness.h"
+#include "opforge/policy.h"
+
+namespace opforge::cli {
+
+// Options every subcommand takes.
+struct Common {
+  std::string ops;     // --ops SPEC
+  std::string config;  // --config FILE (else OPFORGE_CONFIG)
+  Policy policy() const;  // built-in < config < OPFORGE_OPS < --ops, validated
+};
+void add_common(CLI::App& cmd, Common& common);
+
+// Each registers its subcommand; the callback runs it and sets the process exit status.
+void add_list(CLI::App& app, int& status);
+void add_explain(CLI::App& app, int& status);
+void add_call(CLI::App& app, int& status);
+void add_check(CLI::App& app, int& status);
+void add_bench(CLI::App& app, int& status);
+void add_support(CLI::App& app, int& status);
+
+// Harness options shared by check and bench.
+struct HarnessFlags {
+  Common common;
+  std::vector<std::string> ops;
+  std::vector<std::string> backends;
+  std::vector<std::string> dtypes;
+  std::vector<std::string> groups;
+  std::string json, csv;
+  harness::Options options() const;
+};
+void add_harness_flags(CLI::App& cmd, HarnessFlags& flags);
+void print_and_save(const harness::Report& report, const HarnessFlags& flags);
+
+}  // namespace opforge::cli

@@ -1,0 +1,64 @@
+#include <unistd.h>
+
+#include <iostream>
+
+#include "opforge/error.h"
+#include "opforge/registry.h"
+#include "tools/cli.h"
+
+namespace opforge::cli {
+
+Policy Common::policy() const {
+  Policy p = Policy::from_sources(config, ops, "--ops");
+  p.validate(global_registry());
+  return p;
+}
+
+void add_common(CLI::App& cmd, Common& common) {
+  cmd.add_option("--ops", common.ops, "kernel policy, e.g. 'all,-rms_norm' or 'rms_norm=cpu,strict' "
+                                      "(overrides OPFORGE_OPS and the config file)");
+  cmd.add_option("--config", common.config, "JSON policy config (default: $OPFORGE_CONFIG)");
+}
+
+void add_harness_flags(CLI::App& cmd, HarnessFlags& f) {
+  add_common(cmd, f.common);
+  cmd.add_option("op", f.ops, "ops to run (default: all)");
+  cmd.add_option("--backend", f.backends, "impl names or devices (reference, cpu, cuda, ...); repeatable");
+  cmd.add_option("--dtype", f.dtypes, "dtypes (f32, f16, bf16, f64); repeatable");
+  cmd.add_option("--group", f.groups, "case groups (small, medium, large, edge); repeatable");
+  cmd.add_option("--json", f.json, "write results as JSON");
+  cmd.add_option("--csv", f.csv, "write results as CSV");
+}
+
+static CaseGroup parse_group(const std::string& g) {
+  for (CaseGroup c : {CaseGroup::small, CaseGroup::medium, CaseGroup::large, CaseGroup::edge})
+    if (g == case_group_name(c)) return c;
+  throw Error(ErrorCode::unknown_name, "unknown case group '" + g + "'; valid: small, medium, large, edge");
+}
+
+harness::Options HarnessFlags::options() const {
+  harness::Options o;
+  o.policy = common.policy();
+  const Registry& reg = global_registry();
+  for (const std::string& op : ops) reg.op(op);  // unknown op -> Error listing the valid ones
+  o.ops = ops;
+  for (const std::string& b : backends) {
+    bool known = b == "cpu" || b == "cuda";
+    for (const OpEntry* op : reg.ops())
+      for (const std::string& impl : op->impl_names()) known |= impl == b;
+    if (!known) throw Error(ErrorCode::unknown_name, "unknown backend '" + b + "'; valid: cpu, cuda or an impl name (see opforge list)");
+  }
+  o.backends = backends;
+  for (const std::string& d : dtypes) o.dtypes.push_back(parse_dtype(d));
+  for (const std::string& g : groups) o.groups.push_back(parse_group(g));
+  o.progress = isatty(2);
+  return o;
+}
+
+void print_and_save(const harness::Report& report, const HarnessFlags& f) {
+  std::cout << harness::format_table(report);
+  if (!f.json.empty()) harness::write_json(report, f.json);
+  if (!f.csv.empty()) harness::write_csv(report, f.csv);
+}
+
+}  // namespace opforge::cli
