@@ -2,18 +2,24 @@
 # The whole GPU round in one call on a lent H100/H200, from the repository root:
 #   1. unpack the .deb files of .gpudeps/ (made by scripts/gpu-deps.sh) into a private prefix,
 #   2. configure and build for sm_90 with CMake + Ninja (library, CLI, test binary),
-#   3. the CUDA kernel tests (tests/cuda_kernels_test.cpp), then the whole test binary,
-#   4. `opforge check --backend cuda` in test and grad modes,
-#   5. compute-sanitizer memcheck and racecheck over the CUDA kernel tests and the harness's
+#   3. the CUDA kernel tests (tests/cuda_kernels_test.cpp) and their timing table,
+#   4. `opforge check --backend cuda` (test and grad modes) and `opforge bench --backend cuda`,
+#   5. compute-sanitizer memcheck and racecheck over the CUDA kernel tests and over the harness's
 #      CUDA test run (small cases: the sanitizers slow kernels down a hundredfold),
-#   6. `opforge bench --backend cuda` and the kernel timing table of the CUDA tests,
-#   7. a dated markdown report with the card's name and every figure, in $OUT.
-# Logs are teed into $OUT (at most 8 files come back from the device tool); a summary table is
-# printed last. Each step has its own time limit and a failing step does not stop the next.
+#   6. the rest of the test binary,
+#   7. a dated markdown report (gpu-report-YYYY-MM-DD.md) with the card's name and every figure.
+# The most telling steps come first, and the report is rewritten after every step, so a call cut
+# short still brings back what ran. Logs are teed into $OUT (the device tool returns at most 8
+# files: build.log, gtest.log, check.log, check-test.json, bench.log, bench.json, sanitizer.log and
+# the report). Each step has its own time limit; a failing step does not stop the next. A summary
+# table is printed last.
 #
 # Usage (device tool): carry [".gpudeps"], command "bash scripts/gpu-check.sh".
 # Environment: OUT (default ./out), JOBS (default: all cores), BUILD_DIR (default build-gpu),
-# GPU_CHECK_SKIP (space-separated step names to skip, e.g. "sanitizer full_tests").
+# GPU_CHECK_SKIP (space-separated step names to skip, e.g. "full_tests racecheck_harness"),
+# GPU_CHECK_CXX_FLAGS (extra host-compiler flags, e.g. "-include cstdint" to get past a header that
+# leans on an include the GPU machine's newer libstdc++ no longer makes for it).
+# Needs CMake >= 3.26 on the GPU machine (older CMake cannot ask nvcc for C++20).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,10 +54,56 @@ run_step() {
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then status="TIMEOUT"; elif [[ $rc -ne 0 ]]; then status="FAIL (rc $rc)"; fi
   STEP_NAMES+=("$name") STEP_STATUS+=("$status") STEP_SECONDS+=("$((SECONDS - start))") STEP_NOTES+=("")
   echo "=== $name: $status in $((SECONDS - start)) s" | tee -a "$log"
+  write_report
   [[ $status == pass ]]
 }
 
-note_last() { STEP_NOTES[${#STEP_NOTES[@]}-1]="$1"; }
+note_last() { STEP_NOTES[${#STEP_NOTES[@]}-1]="$1"; write_report; }
+
+# ---- the report (rewritten after every step, so a call cut short still leaves one) ------------
+summary_table() {
+  echo "| step | status | seconds | note |"
+  echo "|---|---|---|---|"
+  for i in "${!STEP_NAMES[@]}"; do
+    echo "| ${STEP_NAMES[$i]} | ${STEP_STATUS[$i]} | ${STEP_SECONDS[$i]} | ${STEP_NOTES[$i]} |"
+  done
+}
+
+section() {  # section TITLE FILE PATTERN [FROM]: lines matching PATTERN (all when empty), from the
+  local title="$1" file="$2" pattern="${3:-}" from="${4:-}"  # line starting with FROM on
+  echo
+  echo "## $title"
+  echo
+  if [[ ! -s "$file" ]]; then echo "(no output)"; return; fi
+  echo '```'
+  awk -v from="$from" 'from == "" || index($0, from) == 1 { on = 1 } on' "$file" |
+    grep -E "${pattern:-.}" | tail -n 100
+  echo '```'
+}
+
+write_report() {
+  {
+    echo "# GPU check, $DATE, $CARD"
+    echo
+    echo "Produced by scripts/gpu-check.sh; full logs: build.log, gtest.log, check.log, sanitizer.log,"
+    echo "bench.log, bench.json (same folder)."
+    echo
+    echo '```'
+    echo "$MACHINE_INFO"
+    echo '```'
+    echo
+    echo "## Summary"
+    echo
+    summary_table
+    section "CUDA kernel timing (tests/cuda_kernels_test.cpp, median of 30 samples of 20 launches, events)" \
+      "$OUT/bench.log" '^\|'
+    section "opforge bench --backend cuda" "$OUT/bench.log" '' "=== bench:"
+    section "opforge check --backend cuda (test, grad)" "$OUT/check.log"
+    section "compute-sanitizer" "$OUT/sanitizer.log" 'SUMMARY|^=== |Invalid|race|Race|error'
+    section "CUDA kernel tests" "$OUT/gtest.log" '^\[ *(OK|FAILED|PASSED|SKIPPED) *\]|Failure|error'
+  } > "$REPORT"
+}
+
 
 # ---- 0. the machine ---------------------------------------------------------------------------
 machine_info() {
@@ -64,7 +116,8 @@ machine_info() {
 }
 CARD="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 CARD="${CARD:-unknown card}"
-machine_info | tee "$OUT/build.log"
+MACHINE_INFO="$(machine_info)"
+echo "$MACHINE_INFO" | tee "$OUT/build.log"
 
 # ---- 1. dependencies --------------------------------------------------------------------------
 unpack_deb() {  # unpack_deb FILE DEST: dpkg -x, or by hand where dpkg is missing
@@ -91,14 +144,14 @@ configure() {
   local lib="$PREFIX/usr/lib/x86_64-linux-gnu/cmake" share="$PREFIX/usr/share/cmake"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DOPFORGE_CUDA=ON -DOPFORGE_CUDA_ARCH=90 -DOPFORGE_BUILD_BENCH=OFF -DOPFORGE_BUILD_TESTS=ON \
-    -DCMAKE_PREFIX_PATH="$PREFIX/usr" \
+    -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_CXX_FLAGS="${GPU_CHECK_CXX_FLAGS:-}" \
     -Dfmt_DIR="$lib/fmt" -Dhwy_DIR="$lib/hwy" -DGTest_DIR="$lib/GTest" \
     -Dnlohmann_json_DIR="$share/nlohmann_json" -DCLI11_DIR="$share/CLI11"
 }
 
-build() { ninja -C "$BUILD_DIR" -j "$JOBS" opforge opforge_cli opforge_tests; }
+build() { ninja -C "$BUILD_DIR" -j "$JOBS" -k 0 opforge opforge_cli opforge_tests; }  # -k 0: every error
 
-export root PREFIX BUILD_DIR JOBS
+export root PREFIX BUILD_DIR JOBS GPU_CHECK_CXX_FLAGS
 export -f unpack_deb unpack_deps configure build
 
 run_step deps "$OUT/build.log" 60 unpack_deps
@@ -113,23 +166,26 @@ TESTS="$BUILD_DIR/tests/opforge_tests"
 [[ -x "$TESTS" ]] || TESTS="$(find "$BUILD_DIR" -name opforge_tests -type f -perm -u+x 2>/dev/null | head -1)"
 
 if [[ $built -eq 1 ]]; then
-  # ---- 2. tests ---------------------------------------------------------------------------------
+  # Most telling first, so that a call cut short still brings back the essentials.
+  # ---- 2. CUDA kernel tests and timing ----------------------------------------------------------
   run_step cuda_tests "$OUT/gtest.log" 240 "$TESTS" --gtest_filter='CudaKernels.*' --gtest_color=no
-  note_last "$(grep -Eo '\[  PASSED  \] [0-9]+ tests?|\[  FAILED  \] [0-9]+ tests?|[0-9]+ tests?, listed below' "$OUT/gtest.log" | tr '\n' ' ')"
-  run_step full_tests "$OUT/gtest.log" 300 "$TESTS" --gtest_filter='-CudaKernels.*:CudaKernelsTiming.*' --gtest_brief=1 --gtest_color=no
-  note_last "$(tail -n 40 "$OUT/gtest.log" | grep -Eo '\[  (PASSED|FAILED)  \] [0-9]+ tests?' | tr '\n' ' ')"
+  note_last "$(grep -Eo '\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?' "$OUT/gtest.log" | tr '\n' ' ')"
+  run_step timing "$OUT/bench.log" 240 "$TESTS" --gtest_also_run_disabled_tests \
+    --gtest_filter='CudaKernelsTiming.*' --gtest_color=no
 
-  # ---- 3. harness -------------------------------------------------------------------------------
-  run_step check_test "$OUT/check.log" 240 "$BIN" check --backend cuda --mode test --json "$OUT/check-test.json"
+  # ---- 3. harness: correctness, gradients, performance ------------------------------------------
+  run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$OUT/check-test.json"
   run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
+  run_step bench "$OUT/bench.log" 300 "$BIN" bench --backend cuda --json "$OUT/bench.json"
 
   # ---- 4. sanitizers ----------------------------------------------------------------------------
-  san_filter='CudaKernels.*-*Beyond2Pow31*'
   if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
       run_step "${tool}_kernels" "$OUT/sanitizer.log" 300 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$TESTS" --gtest_filter="$san_filter" --gtest_color=no
+        "$TESTS" --gtest_filter='CudaKernels.*-*Beyond2Pow31*' --gtest_color=no
       note_last "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+    done
+    for tool in memcheck racecheck; do
       run_step "${tool}_harness" "$OUT/sanitizer.log" 300 compute-sanitizer --tool "$tool" --error-exitcode 3 \
         "$BIN" check --backend cuda --mode test --group small
       note_last "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
@@ -138,52 +194,14 @@ if [[ $built -eq 1 ]]; then
     STEP_NAMES+=("sanitizer") STEP_STATUS+=("skipped") STEP_SECONDS+=("0") STEP_NOTES+=("no compute-sanitizer")
   fi
 
-  # ---- 5. performance ---------------------------------------------------------------------------
-  run_step timing "$OUT/bench.log" 240 "$TESTS" --gtest_also_run_disabled_tests \
-    --gtest_filter='CudaKernelsTiming.*' --gtest_color=no
-  run_step bench "$OUT/bench.log" 300 "$BIN" bench --backend cuda --json "$OUT/bench.json"
+  # ---- 5. the rest of the test binary -----------------------------------------------------------
+  run_step full_tests "$OUT/gtest.log" 300 "$TESTS" --gtest_filter='-CudaKernels.*:CudaKernelsTiming.*' \
+    --gtest_brief=1 --gtest_color=no
+  note_last "$(tail -n 40 "$OUT/gtest.log" | grep -Eo '\[  (PASSED|FAILED) +\] [0-9]+ tests?' | tail -1)"
 fi
 
-# ---- 6. report ----------------------------------------------------------------------------------
-summary_table() {
-  echo "| step | status | seconds | note |"
-  echo "|---|---|---|---|"
-  for i in "${!STEP_NAMES[@]}"; do
-    echo "| ${STEP_NAMES[$i]} | ${STEP_STATUS[$i]} | ${STEP_SECONDS[$i]} | ${STEP_NOTES[$i]} |"
-  done
-}
-
-section() {  # section TITLE FILE PATTERN: the matching lines of a log, or its tail
-  local title="$1" file="$2" pattern="$3"
-  echo
-  echo "## $title"
-  echo
-  if [[ ! -s "$file" ]]; then echo "(no output)"; return; fi
-  echo '```'
-  if [[ -n "$pattern" ]]; then grep -E "$pattern" "$file" | tail -n 80; else tail -n 80 "$file"; fi
-  echo '```'
-}
-
-{
-  echo "# GPU check, $DATE, $CARD"
-  echo
-  echo "Produced by scripts/gpu-check.sh; full logs: build.log, gtest.log, check.log, sanitizer.log,"
-  echo "bench.log, bench.json (same folder)."
-  echo
-  echo '```'
-  machine_info
-  echo '```'
-  echo
-  echo "## Summary"
-  echo
-  summary_table
-  section "CUDA kernel timing (tests/cuda_kernels_test.cpp, median of 30 samples of 20 launches, events)" \
-    "$OUT/bench.log" '^\|'
-  section "opforge bench --backend cuda" "$OUT/bench.log" '^[^|=]'
-  section "opforge check --backend cuda (test, grad)" "$OUT/check.log" ''
-  section "compute-sanitizer" "$OUT/sanitizer.log" 'SUMMARY|^=== |Invalid|race|Race|error'
-  section "CUDA kernel tests" "$OUT/gtest.log" '^\[ *(OK|FAILED|PASSED|SKIPPED) *\]|Failure|error'
-} > "$REPORT"
+# ---- 6. report -----------------------------------------------------------------------------------
+write_report
 
 echo
 echo "report: $REPORT"

@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "opforge/registry.h"
@@ -72,7 +75,7 @@ struct Buf {
 };
 
 Buf make_buf(int64_t rows, int64_t cols, DType dtype, Fill fill, uint32_t seed, int64_t pad = 0,
-             int64_t offset = 0) {
+             int64_t offset = 0, bool upload = true) {
   Buf b;
   b.dtype = dtype, b.rows = rows, b.cols = cols, b.pad = pad, b.offset = offset;
   const int64_t n = offset + b.rows_or_one() * b.stride();
@@ -86,7 +89,7 @@ Buf make_buf(int64_t rows, int64_t cols, DType dtype, Fill fill, uint32_t seed, 
     if (fill == Fill::normal_outliers) v = normal(rng) * (rng() % 97 == 0 ? 16.0 : 1.0);
     store_from_double(b.host.data(), dtype, i, v);
   }
-  b.upload();
+  if (upload) b.upload();
   return b;
 }
 
@@ -95,8 +98,9 @@ Buf poisoned_like(const Buf& like, uint32_t seed = 0) {
 }
 
 // got: downloaded device output; want: host reference output (same layout).
-void expect_close(const Buf& got, const Buf& want, const std::string& what) {
-  const Tolerance tol = default_tolerance(got.dtype);
+void expect_close(const Buf& got, const Buf& want, const std::string& what, double atol_floor = 0) {
+  Tolerance tol = default_tolerance(got.dtype);
+  tol.atol = std::max(tol.atol, atol_floor);
   int failures = 0;
   for (int64_t r = 0; r < got.rows_or_one() && failures < 5; ++r) {
     for (int64_t c = 0; c < got.stride() && failures < 5; ++c) {
@@ -228,7 +232,7 @@ void check_rms_norm_backward(DType t, Shape2 s, bool vec, bool fused) {
   const std::string what = label(fused ? "fused_add_rms_norm_backward" : "rms_norm_backward", t,
                                  s.rows, s.cols, s.pad, vec);
   expect_close(dx, want_dx, what + " dx");
-  expect_close(dw, want_dw, what + " dw");
+  expect_close(dw, want_dw, what + " dw", 1e-4);  // Note [f32 dw tolerance]
   if (fused) dr.download(), expect_close(dr, want_dr, what + " dresidual");
   EXPECT_EQ(0, std::memcmp(dw.host.data(), dw2.host.data(), size_t(dw.host.nbytes())))
       << what << ": dw differs between two runs (not deterministic)";
@@ -297,30 +301,34 @@ TEST(CudaKernels, SiluAndMulMatchesReference) {
 }
 
 // ---- predicates -----------------------------------------------------------------------------------
+// Predicates look at views only: host buffers stand in for device ones (runs without a GPU).
 TEST(CudaKernels, Vec16PredicatesExplainRejections) {
-  Buf x = make_buf(4, 4096, DType::bf16, Fill::normal_outliers, 1, 0, 0);
-  Buf w = make_buf(-1, 4096, DType::bf16, Fill::positive, 2);
+  auto host = [](int64_t rows, int64_t cols, DType t, int64_t pad = 0, int64_t offset = 0) {
+    return make_buf(rows, cols, t, Fill::positive, 1, pad, offset, false);
+  };
+  Buf x = host(4, 4096, DType::bf16, 0, 0);
+  Buf w = host(-1, 4096, DType::bf16);
   EXPECT_EQ(rms_norm_cuda_vec16_applicable(x.host_view(), x.host_view(), w.host_view(), 1e-6, 0), nullptr);
-  Buf odd = make_buf(4, 4095, DType::bf16, Fill::normal_outliers, 1);
-  Buf odd_w = make_buf(-1, 4095, DType::bf16, Fill::positive, 2);
+  Buf odd = host(4, 4095, DType::bf16);
+  Buf odd_w = host(-1, 4095, DType::bf16);
   EXPECT_STREQ(rms_norm_cuda_vec16_applicable(odd.host_view(), odd.host_view(), odd_w.host_view(), 1e-6, 0),
                "hidden % 8 != 0");
-  Buf shifted = make_buf(4, 4096, DType::bf16, Fill::normal_outliers, 1, 0, 1);  // base + 2 bytes
+  Buf shifted = host(4, 4096, DType::bf16, 0, 1);  // base + 2 bytes
   EXPECT_STREQ(rms_norm_cuda_vec16_applicable(shifted.host_view(), shifted.host_view(), w.host_view(), 1e-6, 0),
                "a data pointer is not 16-byte aligned");
-  Buf padded = make_buf(4, 4096, DType::bf16, Fill::normal_outliers, 1, 3);
+  Buf padded = host(4, 4096, DType::bf16, 3);
   EXPECT_STREQ(rms_norm_cuda_vec16_applicable(padded.host_view(), padded.host_view(), w.host_view(), 1e-6, 0),
                "row stride % 8 != 0");
-  Buf wide = make_buf(1, 20000, DType::bf16, Fill::normal_outliers, 1);
-  Buf wide_w = make_buf(-1, 20000, DType::bf16, Fill::positive, 2);
+  Buf wide = host(1, 20000, DType::bf16);
+  Buf wide_w = host(-1, 20000, DType::bf16);
   EXPECT_NE(rms_norm_cuda_vec16_applicable(wide.host_view(), wide.host_view(), wide_w.host_view(), 1e-6, 0),
             nullptr);
-  Buf f64 = make_buf(2, 8, DType::f64, Fill::normal_outliers, 1);
-  Buf f64_w = make_buf(-1, 8, DType::f64, Fill::positive, 1);
+  Buf f64 = host(2, 8, DType::f64);
+  Buf f64_w = host(-1, 8, DType::f64);
   EXPECT_STREQ(rms_norm_cuda_applicable(f64.host_view(), f64.host_view(), f64_w.host_view(), 1e-6, 0),
                "dtype is not f32, f16 or bf16");
-  Buf sx = make_buf(2, 2 * 333, DType::f16, Fill::normal_outliers, 1);
-  Buf sy = make_buf(2, 333, DType::f16, Fill::nan, 1);
+  Buf sx = host(2, 2 * 333, DType::f16);
+  Buf sy = host(2, 333, DType::f16);
   EXPECT_STREQ(silu_and_mul_cuda_vec16_applicable(sy.host_view(), sx.host_view()), "d % 8 != 0");
 }
 
@@ -429,7 +437,7 @@ TEST(CudaKernelsTiming, DISABLED_Table) {
       });
     }
   }
-  for (int64_t tokens : {1, 16, 1024, 8192}) {
+  for (int64_t tokens : {1, 16, 1024, 4096}) {
     const int64_t d = 14336;
     Buf x = make_buf(tokens, 2 * d, DType::bf16, Fill::normal_outliers, 1);
     Buf y = make_buf(tokens, d, DType::bf16, Fill::normal_outliers, 2);

@@ -18,6 +18,7 @@
 // Aliasing: each thread reads all of its inputs before writing its outputs, at the same columns,
 // so dx may alias x exactly in the backward kernels.
 #include <algorithm>
+#include <initializer_list>
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/activation/activation_cuda.h"

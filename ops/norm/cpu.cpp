@@ -8,6 +8,7 @@
 // - One Highway source, runtime dispatch: 4 f32 lanes on SSE4/NEON, 8 on AVX2, 16 on AVX-512.
 //   bf16/f16 are widened to f32 in registers and rounded once on the store (Note [vector
 //   rounding]).
+// - w + offset is widened to f32 once per task (gain_row), not once per row.
 // - Each row is read from memory once: pass 1 (sum of squares; the fused op also adds and stores
 //   s) pulls the row into L1/L2, pass 2 (normalise, or the backward's dx and dw terms) re-reads it
 //   from there. Forward moves x + w + y bytes, i.e. the roofline minimum.
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "backends/cpu/simd-inl.h"
 #include "hwy/highway.h"
@@ -41,8 +43,8 @@ HWY_INLINE VF fused_sum(const T* x, const T* residual, int64_t i, size_t count) 
 // One forward row. Fused: pass 1 writes s (which may alias residual: each lane is read before it
 // is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then).
 template <class T, bool kFused>
-void forward_row(const T* x, const T* residual, const T* w, T* y, T* s, int64_t hidden,
-                 float eps, float offset) {
+void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, int64_t hidden,
+                 float eps) {
   const float sum_sq = sum_over(hidden, [&](int64_t i, size_t count, VF& acc) {
     VF v;
     if constexpr (kFused) {
@@ -54,23 +56,23 @@ void forward_row(const T* x, const T* residual, const T* w, T* y, T* s, int64_t 
     acc = hn::MulAdd(v, v, acc);
   });
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
-  const VF vr = hn::Set(DF(), rstd), voff = hn::Set(DF(), offset);
+  const VF vr = hn::Set(DF(), rstd);
   const T* src = kFused ? s : x;
   for_each_vector(hidden, [&](int64_t i, size_t count) {
-    const VF gain = hn::Add(load_n(w + i, count), voff);
-    store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), gain), y + i, count);
+    store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
   });
 }
 
 template <class T, bool kFused>
 void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
+  std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
+  gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
     T* y = static_cast<T*>(a.y) + row * a.y_stride;
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
-    forward_row<T, kFused>(x, residual, static_cast<const T*>(a.w), y, s, a.hidden, a.eps,
-                           a.offset);
+    forward_row<T, kFused>(x, residual, gain.get(), y, s, a.hidden, a.eps);
   }
 }
 
@@ -104,12 +106,11 @@ template <class T, bool kFused> HWY_INLINE VF input_at(const BackwardRow<T>& r, 
 
 // One backward row; adds dy * s * rstd into `partial` (f32, hidden long).
 template <class T, bool kFused>
-void backward_row(const BackwardRow<T>& r, const T* w, float* partial, int64_t hidden, float eps,
-                  float offset) {
-  const VF voff = hn::Set(DF(), offset);
+void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, int64_t hidden,
+                  float eps) {
   auto [sum_sq, sum_mx] = sum_over2(hidden, [&](int64_t i, size_t count, VF& acc_sq, VF& acc_mx) {
     const VF v = input_at<T, kFused>(r, i, count);
-    const VF m = hn::Mul(load_n(r.dy + i, count), hn::Add(load_n(w + i, count), voff));
+    const VF m = hn::Mul(load_n(r.dy + i, count), load_n(gain + i, count));
     acc_sq = hn::MulAdd(v, v, acc_sq);
     acc_mx = hn::MulAdd(m, v, acc_mx);
   });
@@ -119,7 +120,7 @@ void backward_row(const BackwardRow<T>& r, const T* w, float* partial, int64_t h
   for_each_vector(hidden, [&](int64_t i, size_t count) {
     const VF v = input_at<T, kFused>(r, i, count);
     const VF dy = load_n(r.dy + i, count);
-    const VF m = hn::Mul(dy, hn::Add(load_n(w + i, count), voff));
+    const VF m = hn::Mul(dy, load_n(gain + i, count));
     VF dx = hn::NegMulAdd(vc, v, hn::Mul(vr, m));  // rstd*m - coef*x
     if constexpr (kFused) dx = hn::Add(dx, load_n(r.ds + i, count));
     store_n(dx, r.dx + i, count);
@@ -131,6 +132,8 @@ void backward_row(const BackwardRow<T>& r, const T* w, float* partial, int64_t h
 template <class T, bool kFused>
 void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
   std::fill(partial, partial + a.hidden, 0.0f);
+  std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
+  gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
   for (int64_t row = begin; row < end; ++row) {
     BackwardRow<T> r{};
     r.dy = static_cast<const T*>(a.dy) + row * a.dy_stride;
@@ -141,7 +144,7 @@ void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end,
       r.residual = static_cast<const T*>(a.residual) + row * a.residual_stride;
       r.dresidual = static_cast<T*>(a.dresidual) + row * a.dresidual_stride;
     }
-    backward_row<T, kFused>(r, static_cast<const T*>(a.w), partial, a.hidden, a.eps, a.offset);
+    backward_row<T, kFused>(r, gain.get(), partial, a.hidden, a.eps);
   }
 }
 
@@ -187,8 +190,6 @@ void norm_reduce_partials(const float* partials, int64_t n_chunks, int64_t hidde
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <memory>
-
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 

@@ -18,6 +18,9 @@
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
 //  is allocated only on the first call with a larger shape.
+#include <algorithm>
+#include <initializer_list>
+
 #include "ops/norm/cuda_common.cuh"
 
 namespace opforge {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README's first command: set up, build, and take a short tour of opforge on its embedded
+# cases: the registry (`opforge list`), the proof (`opforge check`, test + grad modes) and the
+# measurement (`opforge bench`, small and medium groups; `--group large` for model-sized cases).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/setup.sh
+bash scripts/build.sh release
+bin=build/opforge
+
+echo; echo "==== opforge list"
+"$bin" list
+echo; echo "==== opforge explain rms_norm --ops 'rms_norm=cpu,strict'"
+"$bin" explain rms_norm --ops 'rms_norm=cpu,strict'
+echo; echo "==== opforge check (test + grad modes, every kernel and dtype)"
+"$bin" check --json build/check.json --csv build/check.csv | tail -n 25
+echo; echo "==== opforge bench --group small --group medium"
+"$bin" bench --group small --group medium --json build/bench.json --csv build/bench.csv
+echo; echo "full results: build/check.json, build/check.csv, build/bench.json, build/bench.csv"
