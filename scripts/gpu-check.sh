@@ -35,16 +35,19 @@ SKIP=" ${GPU_CHECK_SKIP:-} "
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 declare -a STEP_NAMES STEP_STATUS STEP_SECONDS STEP_NOTES
+LAST_RAN=0
 
 # run_step NAME LOG LIMIT_SECONDS command...: runs with a time limit, appends output to LOG (and
 # the terminal), records pass / FAIL / TIMEOUT and the seconds taken.
 run_step() {
   local name="$1" log="$2" limit="$3"
   shift 3
+  LAST_RAN=0
   if [[ "$SKIP" == *" $name "* ]]; then
     STEP_NAMES+=("$name") STEP_STATUS+=("skipped") STEP_SECONDS+=("0") STEP_NOTES+=("GPU_CHECK_SKIP")
     return 0
   fi
+  LAST_RAN=1
   echo "=== $name: $*" | tee -a "$log"
   local start=$SECONDS rc
   # Through bash -c so that exported shell functions (unpack_deps, configure, build) run too.
@@ -58,7 +61,8 @@ run_step() {
   [[ $status == pass ]]
 }
 
-note_last() { STEP_NOTES[${#STEP_NOTES[@]}-1]="$1"; write_report; }
+# note_last TEXT: a note on the step that just ran (none when it was skipped).
+note_last() { [[ $LAST_RAN -eq 1 ]] || return 0; STEP_NOTES[${#STEP_NOTES[@]}-1]="$1"; write_report; }
 
 # ---- the report (rewritten after every step, so a call cut short still leaves one) ------------
 summary_table() {

@@ -3,7 +3,6 @@
 // differences, CPU kernels against the reference (f32, bf16, f16; odd sizes, no rows, padded rows,
 // in place), deterministic dw, the SIMD conversions on every target, tiling, registration.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -557,11 +556,10 @@ TEST(NormCpu, BackwardIsDeterministicAcrossThreadCounts) {
     Buf x = random(shape, t, 61), dy = random(shape, t, 62), w = random({96}, t, 63, 0, true);
     std::vector<Buf> dws;
     for (int threads : {1, 2, 3, 1}) {
-      const int saved = omp_get_max_threads();
-      omp_set_num_threads(threads);
+      const int saved = cpu::set_thread_count_for_testing(threads);
       Buf dx = make(shape, t), dw = make({96}, t);
       rms_norm_backward_cpu(kCtx, dx, dw, dy, x, w, 1e-6, 0.0);
-      omp_set_num_threads(saved);
+      cpu::set_thread_count_for_testing(saved);
       dws.push_back(dw);
     }
     for (const Buf& dw : dws) EXPECT_TRUE(same_bits(dw, dws[0])) << dtype_name(t);

@@ -7,6 +7,7 @@
 // writes anything, so a rejected call leaves every output untouched.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "opforge/dtype.h"

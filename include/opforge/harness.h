@@ -13,6 +13,7 @@
 // inputs are compared byte for byte with their copies (a kernel must not write its inputs).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>

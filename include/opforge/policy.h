@@ -14,6 +14,7 @@
 // registry: an unknown op or impl is an Error listing the valid names.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>

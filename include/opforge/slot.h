@@ -9,6 +9,7 @@
 // predicates. bench/dispatch_bench.cpp measures it against a direct call.
 #pragma once
 
+#include <cstdint>
 #include <atomic>
 #include <memory>
 #include <mutex>

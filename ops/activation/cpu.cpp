@@ -13,6 +13,10 @@
 // - OpenMP over tiles of a row block x column block; the tile holds capacity_block elements
 //   (Note [tiling], L1: a tile's a, b and y slices fill half of a core's L1), so a single decode
 //   token (1 x 14336) still spreads over the cores and large batches get thousands of tiles.
+//
+// Measured (16-vCPU Xeon VM, AVX-512 target, 16 threads): 1024 x 28672 f32 1.03 ms = 172 GB/s;
+// bf16 1.19 ms = 74 GB/s, compute-bound (exp, reciprocal and the bf16 rounding: ~27 cycles per
+// 16 lanes on one core).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/activation/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

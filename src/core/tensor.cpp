@@ -249,15 +249,25 @@ void copy_into(const TensorView& dst, const TensorView& src) {
     return;
   }
   if (!dst.device.is_cpu() || !src.device.is_cpu()) {
-    // Stage through contiguous host copies.
-    Tensor s = Tensor::copy_of(src, Device::cpu(), src.dtype);
-    Tensor d = Tensor::empty(dst.shape_of(), dst.dtype, Device::cpu());
-    if (!dst.is_contiguous()) {
-      if (!dst.device.is_cpu())
-        throw Error(ErrorCode::invalid_argument, "copy: strided device destinations are not supported");
+    // Stage through the host: bring the source's byte span over as it is (strides kept), convert
+    // on the host, send a contiguous result.
+    TensorView host_src = src;
+    Tensor staged;
+    if (!src.device.is_cpu()) {
+      auto [lo, hi] = src.byte_span();
+      staged = Tensor::empty(Shape{int64_t(hi - lo)}, DType::u8, Device::cpu());
+      copy_bytes(staged.data(), Device::cpu(), lo, src.device, int64_t(hi - lo));
+      host_src.data = static_cast<char*>(staged.data()) + (static_cast<const char*>(src.data) - lo);
+      host_src.device = Device::cpu();
     }
-    copy_into(d.view(), s.view());
-    if (dst.device.is_cpu()) { copy_into(dst, d.view()); return; }
+    if (dst.device.is_cpu()) {
+      copy_into(dst, host_src);
+      return;
+    }
+    if (!dst.is_contiguous())
+      throw Error(ErrorCode::invalid_argument, "copy: strided destinations on " + dst.device.str() + " are not supported");
+    Tensor d = Tensor::empty(dst.shape_of(), dst.dtype, Device::cpu());
+    copy_into(d.view(), host_src);
     copy_bytes(dst.data, dst.device, d.data(), Device::cpu(), d.nbytes());
     return;
   }

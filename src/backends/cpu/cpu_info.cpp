@@ -115,4 +115,14 @@ const CpuInfo& cpu_info() {
   return info;
 }
 
+int set_thread_count_for_testing(int threads) {
+#ifdef _OPENMP
+  const int previous = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  return previous;
+#else
+  return 1;
+#endif
+}
+
 }  // namespace opforge::cpu

@@ -35,6 +35,11 @@ struct CpuInfo {
 // Read once (thread-safe) and cached for the life of the process.
 const CpuInfo& cpu_info();
 
+// Set OpenMP's team size for later parallel regions of the calling thread; returns the previous
+// size. For tests (results that must not depend on the thread count); cpu_info().threads keeps
+// the value read at start-up.
+int set_thread_count_for_testing(int threads);
+
 // The fallback sizes of Note [cache sizes].
 inline constexpr int64_t kFallbackL1dBytes = int64_t(32) << 10;
 inline constexpr int64_t kFallbackL2Bytes = int64_t(1) << 20;
