@@ -45,7 +45,9 @@ template <class Op, class... A> class Slot<Op, void(A...)> {
       typed_.push_back({reinterpret_cast<Kernel*>(c.kernel->fn),
                         reinterpret_cast<Predicate*>(c.kernel->predicate), &c});
     }
-    single_ = typed_.size() == 1 && typed_[0].pred == nullptr && !typed_[0].source->host_staged;
+    // Note [slot fast path]: a first candidate without a predicate is always the one that runs,
+    // whatever follows it, so the call skips the candidate walk.
+    single_ = !typed_.empty() && typed_[0].pred == nullptr && !typed_[0].source->host_staged;
     first_ = typed_.empty() ? nullptr : typed_[0].fn;
   }
 
@@ -101,6 +103,13 @@ template <class Op, class... A> class Slot<Op, void(A...)> {
   template <class T> void check_device(size_t, const T&) const {}
 
   size_t index_for(A... a) const {
+    const Typed& first = typed_[0];
+    if (!first.pred || !first.pred(a...)) [[likely]] return 0;
+    return index_after_rejection(a...);
+  }
+
+  // Slow path: the first candidate rejected the arguments.
+  size_t index_after_rejection(A... a) const {
     std::string reasons;
     for (size_t i = 0; i < typed_.size(); ++i) {
       const Typed& t = typed_[i];
