@@ -43,19 +43,17 @@ std::string summary(const TensorView& t) {
   return s + (host.numel() > n ? ", ..." : "");
 }
 
-void run_call(const CallFlags& f) {
-  const Registry& reg = global_registry();
-  const OpEntry& op = reg.op(f.op);
-  Policy policy = f.common.policy();
-  Device device = parse_device(f.device);
-  std::vector<Value> values(op.args.size());
+// Argument values from name=value pairs; tensors are read, converted and moved to the device.
+void gather_arguments(const OpEntry& op, const CallFlags& f, Device device, std::vector<Value>& values,
+                      std::vector<Tensor>& owned) {
   std::vector<bool> given(op.args.size(), false);
-  std::vector<Tensor> owned(op.args.size());
   for (const std::string& a : f.args) {
     auto [name, text] = split_assignment(a, "argument");
     size_t i = op.arg_index(name);
     const ArgInfo& info = op.args[i];
-    if (info.role == ArgRole::out) throw Error(ErrorCode::invalid_argument, op.name + ": '" + name + "' is an output; name its file with --out " + name + "=path.npy");
+    if (info.role == ArgRole::out)
+      throw Error(ErrorCode::invalid_argument,
+                  op.name + ": '" + name + "' is an output; name its file with --out " + name + "=path.npy");
     given[i] = true;
     if (info.type != ArgType::tensor) { values[i] = parse_scalar_literal(op.name, info, text); continue; }
     if (text == "none" && info.role == ArgRole::opt_in) { values[i] = None{}; continue; }
@@ -68,25 +66,48 @@ void run_call(const CallFlags& f) {
     const ArgInfo& info = op.args[i];
     if (given[i] || info.role == ArgRole::out) continue;
     if (info.role == ArgRole::opt_in) { values[i] = None{}; continue; }
-    if (!info.has_default) throw Error(ErrorCode::invalid_argument, op.name + ": argument '" + info.name + "' is required (signature: " + op.signature + ")");
+    if (!info.has_default)
+      throw Error(ErrorCode::invalid_argument, op.name + ": argument '" + info.name +
+                                                   "' is required (signature: " + op.signature + ")");
     values[i] = parse_scalar_literal(op.name, info, info.default_value);
   }
+}
+
+// Outputs from the op's shape function, allocated on the device.
+void allocate_outputs(const OpEntry& op, Device device, std::vector<Value>& values, std::vector<Tensor>& owned) {
+  if (!op.outputs) return;
   std::vector<Value> probe = values;
-  for (size_t i = 0; i < op.args.size(); ++i) if (op.args[i].role == ArgRole::out) probe[i] = None{};
-  std::vector<OutputSpec> specs = op.outputs ? op.outputs(ArgList(op.name, op.args, probe)) : std::vector<OutputSpec>{};
-  for (const OutputSpec& s : specs) {
+  for (size_t i = 0; i < op.args.size(); ++i)
+    if (op.args[i].role == ArgRole::out) probe[i] = None{};
+  for (const OutputSpec& s : op.outputs(ArgList(op.name, op.args, probe))) {
     size_t i = op.arg_index(s.name);
     owned[i] = Tensor::empty(s.shape, s.dtype, device);
     values[i] = owned[i].view();
   }
-  std::map<std::string, std::string> out_paths;
+}
+
+std::map<std::string, std::string> output_paths(const OpEntry& op, const CallFlags& f) {
+  std::map<std::string, std::string> paths;
   for (const std::string& o : f.outs) {
     auto [name, path] = split_assignment(o, "--out");
-    size_t i = op.arg_index(name);
-    if (op.args[i].role != ArgRole::out && op.args[i].role != ArgRole::inout)
+    ArgRole role = op.args[op.arg_index(name)].role;
+    if (role != ArgRole::out && role != ArgRole::inout)
       throw Error(ErrorCode::invalid_argument, op.name + ": --out " + name + ": not an output of the op");
-    out_paths[name] = path;
+    paths[name] = path;
   }
+  return paths;
+}
+
+void run_call(const CallFlags& f) {
+  const Registry& reg = global_registry();
+  const OpEntry& op = reg.op(f.op);
+  Policy policy = f.common.policy();
+  Device device = parse_device(f.device);
+  std::vector<Value> values(op.args.size());
+  std::vector<Tensor> owned(op.args.size());
+  gather_arguments(op, f, device, values, owned);
+  allocate_outputs(op, device, values, owned);
+  std::map<std::string, std::string> paths = output_paths(op, f);  // validated before the call
   Decision d = reg.decide(op, policy, device);
   const KernelEntry& ran = reg.call(d, values);
   if (f.explain) std::cout << d.explain();
@@ -95,7 +116,7 @@ void run_call(const CallFlags& f) {
     const ArgInfo& info = op.args[i];
     if (info.role != ArgRole::out && info.role != ArgRole::inout) continue;
     const TensorView& t = owned[i].view();
-    if (auto it = out_paths.find(info.name); it != out_paths.end()) {
+    if (auto it = paths.find(info.name); it != paths.end()) {
       write_npy(it->second, Tensor::copy_of(t, Device::cpu(), t.dtype).view());
       std::cout << "  " << info.name << " -> " << it->second << " (" << t.str() << ")\n";
     } else {
