@@ -246,6 +246,39 @@ void run_backward(const NormBackwardRows& a, const cpu::RowTasks& chunks, const 
   });
 }
 
+// The fields every forward / backward call fills; the fused ops add theirs.
+NormForwardRows forward_rows(const TensorView& y, const TensorView& x, const TensorView& w,
+                             double eps, double offset) {
+  NormForwardRows a;
+  a.dtype = x.dtype;
+  a.hidden = x.size(-1);
+  a.eps = float(eps);
+  a.offset = float(offset);
+  a.x = x.data;
+  a.x_stride = x.row_stride();
+  a.w = w.data;
+  a.y = y.data;
+  a.y_stride = y.row_stride();
+  return a;
+}
+
+NormBackwardRows backward_rows(const TensorView& dx, const TensorView& dy, const TensorView& x,
+                               const TensorView& w, double eps, double offset) {
+  NormBackwardRows a;
+  a.dtype = x.dtype;
+  a.hidden = x.size(-1);
+  a.eps = float(eps);
+  a.offset = float(offset);
+  a.dy = dy.data;
+  a.dy_stride = dy.row_stride();
+  a.x = x.data;
+  a.x_stride = x.row_stride();
+  a.w = w.data;
+  a.dx = dx.data;
+  a.dx_stride = dx.row_stride();
+  return a;
+}
+
 const char* cpu_dtype_reason(const TensorView& x) {
   if (!x.device.is_cpu()) return "tensors are not on the cpu";
   switch (x.dtype) {
@@ -259,34 +292,15 @@ const char* cpu_dtype_reason(const TensorView& x) {
 
 void rms_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                   double eps, double offset) {
-  NormForwardRows a;
-  a.dtype = x.dtype;
-  a.hidden = x.size(-1);
-  a.eps = float(eps);
-  a.offset = float(offset);
-  a.x = x.data;
-  a.x_stride = x.row_stride();
-  a.w = w.data;
-  a.y = y.data;
-  a.y_stride = y.row_stride();
-  run_forward(a, row_tasks(x, 3));
+  run_forward(forward_rows(y, x, w, eps, offset), row_tasks(x, 3));
 }
 
 void fused_add_rms_norm_cpu(const Context&, const TensorView& y, const TensorView& s,
                             const TensorView& x, const TensorView& residual, const TensorView& w,
                             double eps, double offset) {
-  NormForwardRows a;
-  a.dtype = x.dtype;
-  a.hidden = x.size(-1);
-  a.eps = float(eps);
-  a.offset = float(offset);
-  a.x = x.data;
-  a.x_stride = x.row_stride();
+  NormForwardRows a = forward_rows(y, x, w, eps, offset);
   a.residual = residual.data;
   a.residual_stride = residual.row_stride();
-  a.w = w.data;
-  a.y = y.data;
-  a.y_stride = y.row_stride();
   a.s = s.data;
   a.s_stride = s.row_stride();
   run_forward(a, row_tasks(x, 5));
@@ -295,19 +309,7 @@ void fused_add_rms_norm_cpu(const Context&, const TensorView& y, const TensorVie
 void rms_norm_backward_cpu(const Context&, const TensorView& dx, const TensorView& dw,
                            const TensorView& dy, const TensorView& x, const TensorView& w,
                            double eps, double offset) {
-  NormBackwardRows a;
-  a.dtype = x.dtype;
-  a.hidden = x.size(-1);
-  a.eps = float(eps);
-  a.offset = float(offset);
-  a.dy = dy.data;
-  a.dy_stride = dy.row_stride();
-  a.x = x.data;
-  a.x_stride = x.row_stride();
-  a.w = w.data;
-  a.dx = dx.data;
-  a.dx_stride = dx.row_stride();
-  run_backward(a, row_tasks(x, 4), dw);
+  run_backward(backward_rows(dx, dy, x, w, eps, offset), row_tasks(x, 4), dw);
 }
 
 void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
@@ -315,22 +317,11 @@ void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
                                      const TensorView& dy, const TensorView& ds,
                                      const TensorView& x, const TensorView& residual,
                                      const TensorView& w, double eps, double offset) {
-  NormBackwardRows a;
-  a.dtype = x.dtype;
-  a.hidden = x.size(-1);
-  a.eps = float(eps);
-  a.offset = float(offset);
-  a.dy = dy.data;
-  a.dy_stride = dy.row_stride();
+  NormBackwardRows a = backward_rows(dx, dy, x, w, eps, offset);
   a.ds = ds.data;
   a.ds_stride = ds.row_stride();
-  a.x = x.data;
-  a.x_stride = x.row_stride();
   a.residual = residual.data;
   a.residual_stride = residual.row_stride();
-  a.w = w.data;
-  a.dx = dx.data;
-  a.dx_stride = dx.row_stride();
   a.dresidual = dresidual.data;
   a.dresidual_stride = dresidual.row_stride();
   run_backward(a, row_tasks(x, 7), dw);
