@@ -60,20 +60,10 @@ case $preset in
 esac
 dir=${BUILD_DIR:-$dir}
 
-# CMake before 3.26 does not know nvcc's C++20 flag ("Target requires the language dialect
-# CUDA20"); tell it. Harmless for builds without CUDA.
-cuda_args=()
-cmake_version=$(cmake --version | sed -n 's/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')
-if [[ $preset == release || $preset == cuda ]] &&
-   printf '%s\n3.26\n' "$cmake_version" | sort -V -C; then
-  cuda_args=(-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
-             -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
-fi
-
 gen_args=()
 # The generator of an existing build folder cannot change; pass it only on first configure.
 if [[ -n $generator && ! -f $dir/CMakeCache.txt ]]; then gen_args=(-G "$generator"); fi
 
 echo "build.sh: $preset -> $dir"
-cmake -S . -B "$dir" "${gen_args[@]}" "${args[@]}" "${cuda_args[@]}" "$@"
+cmake -S . -B "$dir" "${gen_args[@]}" "${args[@]}" "$@"
 cmake --build "$dir" -j "$jobs" "${targets[@]}"

@@ -165,7 +165,7 @@ if run_step configure "$OUT/build.log" 120 configure && run_step build "$OUT/bui
   built=1
 fi
 
-BIN="$BUILD_DIR/opforge"
+BIN="$BUILD_DIR/bin/opforge"
 TESTS="$BUILD_DIR/tests/opforge_tests"
 [[ -x "$TESTS" ]] || TESTS="$(find "$BUILD_DIR" -name opforge_tests -type f -perm -u+x 2>/dev/null | head -1)"
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential g++ cmake ninja-build pkg-config
+  build-essential g++ cmake ninja-build
   libfmt-dev nlohmann-json3-dev libcli11-dev libhwy-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libomp-dev

@@ -27,8 +27,18 @@ stage() {  # stage NAME COMMAND...: run, time, and remember the time for the sum
   echo "==== test.sh: $name done in $((SECONDS - start))s"
 }
 
-run_ctest() {
-  ctest --test-dir "$1" --output-on-failure -j "$JOBS" --timeout 900
+ctest_passed=0
+ctest_failed=0
+run_ctest() {  # run_ctest BUILD_DIR: ctest, with its totals added to the final summary
+  local log=$1/ctest-output.log rc=0
+  ctest --test-dir "$1" --output-on-failure -j "$JOBS" --timeout 900 2>&1 | tee "$log" || rc=$?
+  local line total failed
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1 || true)
+  total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
+  failed=$(sed -E 's/.*passed, ([0-9]+) tests? failed.*/\1/' <<<"$line")
+  ctest_passed=$((ctest_passed + ${total:-0} - ${failed:-0}))
+  ctest_failed=$((ctest_failed + ${failed:-0}))
+  return "$rc"
 }
 
 run_ctest_sanitized() {
@@ -56,7 +66,7 @@ run_fuzzers() {
 cuda_check() {
   if ! command -v nvcc >/dev/null 2>&1; then
     echo "nvcc not found: CUDA compile check skipped"
-  elif grep -q '^CMAKE_CUDA_COMPILER:' build/CMakeCache.txt 2>/dev/null &&
+  elif grep -q '^CMAKE_CUDA_COMPILER:[A-Z]*=/' build/CMakeCache.txt 2>/dev/null &&
        grep -q '^OPFORGE_CUDA_ARCH:STRING=90$' build/CMakeCache.txt; then
     echo "the release build already compiled the CUDA backend for arch 90"
   else
@@ -81,3 +91,4 @@ stage "cuda compile check" cuda_check
 echo
 echo "==== test.sh: all stages passed in $((SECONDS - total_start))s"
 printf '  %s\n' "${timings[@]}"
+echo "ctest: $ctest_passed passed, $ctest_failed failed"

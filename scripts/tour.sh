@@ -7,7 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
 bash scripts/build.sh release
-bin=build/opforge
+bin=build/bin/opforge
 
 echo; echo "==== opforge list"
 "$bin" list

@@ -268,3 +268,30 @@ TEST(DType, LoadAndStoreAsDouble) {
 
 }  // namespace
 }  // namespace opforge
+
+// store_from_double rounds an f64 to f16/bf16 once (round to odd through f32), so values just
+// above a 16-bit halfway point by less than an f32 ulp still round up, and just below round down.
+TEST(DType, StoreFromDoubleRoundsOnceForSixteenBitTypes) {
+  auto bf16_of = [](double v) {
+    uint16_t h = 0;
+    opforge::store_from_double(&h, opforge::DType::bf16, 0, v);
+    return opforge::bf16_to_f32(h);
+  };
+  auto f16_of = [](double v) {
+    uint16_t h = 0;
+    opforge::store_from_double(&h, opforge::DType::f16, 0, v);
+    return opforge::f16_to_f32(h);
+  };
+  // bf16 around 1: ulp 2^-7, halfway 1 + 2^-8; 2^-30 is far below an f32 ulp of 1 (2^-23).
+  EXPECT_EQ(bf16_of(1.0 + 0x1p-8 + 0x1p-30), 1.0f + 0x1p-7f);
+  EXPECT_EQ(bf16_of(1.0 + 0x1p-8 - 0x1p-30), 1.0f);
+  EXPECT_EQ(bf16_of(-(1.0 + 0x1p-8 + 0x1p-30)), -(1.0f + 0x1p-7f));
+  EXPECT_EQ(bf16_of(1.0 + 0x1p-8), 1.0f);  // an exact tie still goes to even
+  // f16 around 1: ulp 2^-10, halfway 1 + 2^-11.
+  EXPECT_EQ(f16_of(1.0 + 0x1p-11 + 0x1p-40), 1.0f + 0x1p-10f);
+  EXPECT_EQ(f16_of(1.0 + 0x1p-11 - 0x1p-40), 1.0f);
+  // Tiny values below f32's range still round to the smallest f16 subnormal or zero correctly.
+  EXPECT_EQ(f16_of(0x1p-25 + 0x1p-70), 0x1p-24f);  // just above half the smallest subnormal
+  EXPECT_EQ(f16_of(0x1p-25), 0.0f);                  // the exact tie goes to even (zero)
+  EXPECT_EQ(f16_of(0x1p-200), 0.0f);
+}

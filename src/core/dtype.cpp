@@ -86,6 +86,17 @@ double load_as_double(const void* base, DType t, int64_t i) {
   return 0;
 }
 
+// f64 -> f32 rounding to odd: an inexact result gets its last mantissa bit set. Rounding that
+// to f16 / bf16 (13+ fewer bits) to nearest even then equals rounding the f64 directly, which a
+// plain f64 -> f32 -> f16 chain does not (it can round twice across a halfway point).
+static float f64_to_f32_round_to_odd(double v) {
+  float f = float(v);
+  if (std::isnan(v) || std::isinf(f) || double(f) == v) return f;
+  uint32_t u = f32_bits(f);
+  if ((u & 1u) == 0) u = std::fabs(double(f)) > std::fabs(v) ? u - 1 : u + 1;
+  return f32_from_bits(u);
+}
+
 // Integer stores truncate toward zero and saturate; NaN stores 0 (a cast would be undefined).
 static double saturate(double v, double lo, double hi) {
   if (std::isnan(v)) return 0;
@@ -96,8 +107,8 @@ void store_from_double(void* base, DType t, int64_t i, double v) {
   switch (t) {
     case DType::f32: static_cast<float*>(base)[i] = float(v); return;
     case DType::f64: static_cast<double*>(base)[i] = v; return;
-    case DType::f16: static_cast<uint16_t*>(base)[i] = f32_to_f16(float(v)); return;
-    case DType::bf16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(float(v)); return;
+    case DType::f16: static_cast<uint16_t*>(base)[i] = f32_to_f16(f64_to_f32_round_to_odd(v)); return;
+    case DType::bf16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(f64_to_f32_round_to_odd(v)); return;
     case DType::i32: static_cast<int32_t*>(base)[i] = int32_t(saturate(v, -0x1p31, 0x1p31 - 1)); return;
     case DType::i64: static_cast<int64_t*>(base)[i] = int64_t(saturate(v, -0x1p63, 0x1p63 - 1024)); return;
     case DType::u8: static_cast<uint8_t*>(base)[i] = uint8_t(saturate(v, 0, 255)); return;

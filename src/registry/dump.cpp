@@ -43,7 +43,7 @@ Selection select(const Registry& reg, const OpEntry& op, const Policy& policy, D
 
 std::string Registry::dump_table(const Policy& policy) const {
   policy.validate(*this);
-  std::string out = fmt::format("policy: {}\n\n{:<30} {:<12} {:<6} {:<10} {}\n", policy.str(), "op", "impl",
+  std::string out = fmt::format("policy: {}{}\n\n{:<30} {:<12} {:<6} {:<10} {}\n", policy.str(), policy.rules().empty() ? " (built-in default)" : "", "op", "impl",
                                 "device", "selected", "availability");
   int optimized[2] = {0, 0}, reference[2] = {0, 0};
   for (const OpEntry* op : ops()) {

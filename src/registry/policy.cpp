@@ -199,7 +199,7 @@ void Policy::validate(const Registry& registry) const {
 }
 
 std::string Policy::str() const {
-  if (rules_.empty()) return "all (built-in default)";
+  if (rules_.empty()) return "all";  // the built-in default; parses back to the same ruling
   std::string s;
   for (const PolicyRule& r : rules_) s += (s.empty() ? "" : ",") + r.text;
   return s;
