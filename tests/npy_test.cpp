@@ -287,3 +287,21 @@ TEST_F(Npy, FileErrorsNameThePath) {
 
 }  // namespace
 }  // namespace opforge
+
+// A zero dim makes the element count 0, but the other dims still bound the strides: a header
+// whose non-zero dims overflow int64 is malformed (found by npy_fuzz).
+TEST(NpyShape, ZeroDimDoesNotHideAnOverflowingShape) {
+  std::string header = "{'descr': '<i4', 'fortran_order': False, 'shape': (0, 87745780, 1427, 8141, 741420854777, 8141, 0), }";
+  header.resize(118, ' ');
+  header += '\n';
+  std::vector<uint8_t> file = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, uint8_t(header.size()), 0};
+  file.insert(file.end(), header.begin(), header.end());
+  try {
+    opforge::read_npy_bytes(file, "zero_dim.npy");
+    FAIL() << "expected an error";
+  } catch (const opforge::Error& e) {
+    EXPECT_EQ(e.code(), opforge::ErrorCode::io);
+    EXPECT_NE(std::string(e.what()).find("overflows int64"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(opforge::Shape({0, int64_t(1) << 40, int64_t(1) << 40}), opforge::Error);
+}

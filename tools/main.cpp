@@ -19,8 +19,13 @@ int main(int argc, char** argv) {
   opforge::cli::add_support(app, status);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "opforge: error: " << e.what() << " (see opforge --help)\n";
+    return 2;
   } catch (const opforge::Error& e) {
     std::cerr << "opforge: error: " << e.what() << "\n";
     return 2;

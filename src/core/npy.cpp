@@ -3,6 +3,7 @@
 // Layout of a file: 6 bytes magic "\x93NUMPY", 1 byte major, 1 byte minor version, the header
 // length (uint16 LE for 1.0, uint32 LE for 2.0 / 3.0), the header (a Python dict literal padded
 // with spaces and ending in '\n'), then the raw C-order data.
+#include <algorithm>
 #include "opforge/npy.h"
 
 #include <bit>
@@ -236,9 +237,11 @@ Layout parse_header(std::string_view text, const std::string& name) {
   Layout l;
   l.dtype = dtype_from_descr(*f.descr, name);
   l.dims = std::move(*f.shape);
-  int64_t n = 1;
-  for (int64_t d : l.dims)
-    if (__builtin_mul_overflow(n, d, &n)) fail(name, "the product of the dims overflows int64");
+  int64_t n = 1, extent = 1;  // extent counts zero dims as 1 (Note [shape bound], tensor.cpp)
+  for (int64_t d : l.dims) {
+    if (__builtin_mul_overflow(n, d, &n) || __builtin_mul_overflow(extent, std::max<int64_t>(d, 1), &extent))
+      fail(name, "the product of the dims overflows int64");
+  }
   if (__builtin_mul_overflow(n, dtype_size(l.dtype), &l.data_bytes))
     fail(name, "the data size in bytes overflows int64");
   return l;

@@ -23,8 +23,14 @@ Shape::Shape(std::initializer_list<int64_t> d) : Shape(std::span<const int64_t>(
 Shape::Shape(std::span<const int64_t> d) {
   check_dims(d.size());
   ndim = int(d.size());
+  // Note [shape bound]: the product of the dims, each counted as at least 1, fits in int64. Then
+  // numel and every contiguous stride fit too, also for shapes with a zero dim.
+  int64_t extent = 1;
   for (size_t i = 0; i < d.size(); ++i) {
     if (d[i] < 0) throw Error(ErrorCode::invalid_argument, "negative dimension " + std::to_string(d[i]));
+    if (__builtin_mul_overflow(extent, std::max<int64_t>(d[i], 1), &extent))
+      throw Error(ErrorCode::invalid_argument, "a shape of " + std::to_string(d.size()) +
+                                                   " dims whose product exceeds 2^63 elements");
     dims[i] = d[i];
   }
 }
