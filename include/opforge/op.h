@@ -64,6 +64,8 @@ struct Cost {
   double bytes = 0;
   double flops = 0;
 };
+// Bytes of a tensor's elements (cost models count each input read once, each output written once).
+inline double bytes_of(const TensorView& t) { return double(t.numel()) * double(t.itemsize()); }
 
 // ---- harness cases -------------------------------------------------------------------------
 enum class CaseGroup : uint8_t { small, medium, large, edge };

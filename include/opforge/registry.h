@@ -53,6 +53,12 @@ struct KernelDesc {
   std::function<Availability()> probe;    // null: always available
 };
 inline constexpr int kReferencePriority = -1000;
+inline constexpr int kCpuPriority = 100;
+
+// The descriptions every family shares: a reference kernel (every floating dtype, f64 included,
+// so the harness can evaluate the truth in f64) and an optimized CPU kernel (f32, f16, bf16).
+KernelDesc reference_kernel_desc(std::string summary, bool in_place = false);
+KernelDesc cpu_kernel_desc(std::string summary, bool in_place = false);
 
 struct OpEntry;
 

@@ -31,8 +31,6 @@ void check_row_output(const char* op, const char* arg, const TensorView& t, cons
   expect_same_device(op, arg, t, "x", x);
 }
 
-double bytes_of(const TensorView& t) { return double(t.numel()) * double(t.itemsize()); }
-
 }  // namespace
 
 // y ([..., d]) overlaps nothing: no in-place form, as y and x differ in shape.
@@ -54,23 +52,7 @@ void SiluAndMulBackward::check(const TensorView& dx, const TensorView& dy, const
 namespace {
 
 KernelDesc reference_desc() {
-  KernelDesc d;
-  d.impl = "reference";
-  d.device = DeviceKind::cpu;
-  d.priority = kReferencePriority;
-  d.summary = "plain loops, double arithmetic, one rounding per output";
-  d.dtypes = {DType::f32, DType::f64, DType::f16, DType::bf16};
-  return d;
-}
-
-KernelDesc cpu_desc(const char* summary) {
-  KernelDesc d;
-  d.impl = "cpu";
-  d.device = DeviceKind::cpu;
-  d.priority = 100;
-  d.summary = summary;
-  d.dtypes = {DType::f32, DType::f16, DType::bf16};
-  return d;
+  return reference_kernel_desc("plain loops, double arithmetic, one rounding per output");
 }
 
 // Flops per output element of silu_and_mul: -|a|, exp, 1 + e, divide, select, a * s, * b
@@ -92,7 +74,7 @@ void register_silu_and_mul(Registry& reg) {
   op.cases = silu_and_mul_cases;
   reg.add_kernel<SiluAndMul>(reference_desc(), &silu_and_mul_reference);
   reg.add_kernel<SiluAndMul>(
-      cpu_desc("Highway SIMD (runtime ISA dispatch) + OpenMP over L1-sized tiles, f32 math"),
+      cpu_kernel_desc("Highway SIMD (runtime ISA dispatch) + OpenMP over L1-sized tiles, f32 math"),
       &silu_and_mul_cpu, &silu_and_mul_cpu_applicable);
 }
 
@@ -110,7 +92,7 @@ void register_silu_and_mul_backward(Registry& reg) {
   op.cases = silu_and_mul_backward_cases;
   reg.add_kernel<SiluAndMulBackward>(reference_desc(), &silu_and_mul_backward_reference);
   reg.add_kernel<SiluAndMulBackward>(
-      cpu_desc("Highway SIMD + OpenMP over L1-sized tiles; sigmoid recomputed from x"),
+      cpu_kernel_desc("Highway SIMD + OpenMP over L1-sized tiles; sigmoid recomputed from x"),
       &silu_and_mul_backward_cpu, &silu_and_mul_backward_cpu_applicable);
 }
 

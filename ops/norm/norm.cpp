@@ -42,8 +42,6 @@ void check_scalars(const char* op, double eps, double offset) {
   expect_finite_scalar(op, "offset", offset);
 }
 
-double bytes_of(const TensorView& t) { return double(t.numel()) * double(t.itemsize()); }
-
 }  // namespace
 
 // y may alias x exactly (in place); no other overlap of the output with an input.
@@ -120,26 +118,10 @@ namespace {
 
 // Kernel descriptions shared by the family.
 KernelDesc reference_desc(bool in_place) {
-  KernelDesc d;
-  d.impl = "reference";
-  d.device = DeviceKind::cpu;
-  d.priority = kReferencePriority;
-  d.summary = "plain loops, double accumulation, one rounding per output";
-  d.properties.in_place = in_place;
-  d.dtypes = {DType::f32, DType::f64, DType::f16, DType::bf16};
-  return d;
+  return reference_kernel_desc("plain loops, double accumulation, one rounding per output", in_place);
 }
 
-KernelDesc cpu_desc(bool in_place, const char* summary) {
-  KernelDesc d;
-  d.impl = "cpu";
-  d.device = DeviceKind::cpu;
-  d.priority = 100;
-  d.summary = summary;
-  d.properties.in_place = in_place;
-  d.dtypes = {DType::f32, DType::f16, DType::bf16};
-  return d;
-}
+KernelDesc cpu_desc(bool in_place, const char* summary) { return cpu_kernel_desc(summary, in_place); }
 
 // Flops per element (see the doc strings): sum of squares 2; y = x * rstd * (w + offset) 3.
 constexpr double kForwardFlops = 5;

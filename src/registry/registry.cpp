@@ -25,6 +25,20 @@ Tolerance default_tolerance(DType t) {
   }
 }
 
+KernelDesc reference_kernel_desc(std::string summary, bool in_place) {
+  KernelDesc d{"reference", DeviceKind::cpu, kReferencePriority, std::move(summary)};
+  d.properties.in_place = in_place;
+  d.dtypes = {DType::f32, DType::f64, DType::f16, DType::bf16};
+  return d;
+}
+
+KernelDesc cpu_kernel_desc(std::string summary, bool in_place) {
+  KernelDesc d{"cpu", DeviceKind::cpu, kCpuPriority, std::move(summary)};
+  d.properties.in_place = in_place;
+  d.dtypes = {DType::f32, DType::f16, DType::bf16};
+  return d;
+}
+
 bool KernelEntry::claims(DType t) const {
   return std::find(desc.dtypes.begin(), desc.dtypes.end(), t) != desc.dtypes.end();
 }
