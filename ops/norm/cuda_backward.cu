@@ -138,9 +138,7 @@ template <class T, bool kFused>
 __device__ __forceinline__ Pack<T> input_pack(const BwdRow<T>& p, int col) {
   Pack<T> x = load_pack(p.x + col);
   if constexpr (kFused) {
-    const Pack<T> r = load_pack(p.r + col);
-#pragma unroll
-    for (int j = 0; j < Pack<T>::n; ++j) x.v[j] = from_f32<T>(to_f32(x.v[j]) + to_f32(r.v[j]));
+    x = rounded_sum(x, load_pack(p.r + col));
   }
   return x;
 }

@@ -83,4 +83,13 @@ inline const char* vec16_common_problem(const TensorView& x, const TensorView& w
   return nullptr;
 }
 
+// s = x + residual rounded to T, as fused_add_rms_norm stores it. The backward recomputes s with
+// this same function, so both see the same bits.
+template <class T>
+__device__ __forceinline__ Pack<T> rounded_sum(Pack<T> x, const Pack<T>& r) {
+#pragma unroll
+  for (int j = 0; j < Pack<T>::n; ++j) x.v[j] = from_f32<T>(to_f32(x.v[j]) + to_f32(r.v[j]));
+  return x;
+}
+
 }  // namespace opforge::cuda::norm
