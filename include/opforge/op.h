@@ -76,6 +76,9 @@ enum class Fill : uint8_t {
   uniform_positive, // U(0.5, 1.5): weights, scales
   normal,           // N(0,1), no outliers
   zeros,
+  uniform,          // U(low, high)
+  integers,         // integers drawn uniformly from [low, high) (ids, positions, labels)
+  values,           // the explicit list TensorInit::values, cycled (offsets, lengths)
 };
 
 // A tensor a case wants. dtype: std::nullopt follows the dtype under test (floating inputs),
@@ -87,6 +90,9 @@ struct TensorInit {
   bool fixed_dtype = false;
   DType dtype = DType::f32;
   double scale = 1.0;
+  double low = 0.0;   // Fill::uniform and Fill::integers
+  double high = 1.0;
+  std::vector<double> values;  // Fill::values
 };
 
 struct CaseArg {

@@ -1,5 +1,6 @@
 #include "harness/materialize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -44,7 +45,8 @@ static double round_to(double v, DType t) {
 
 std::vector<double> generate(const TensorInit& init, DType dtype, Rng& rng) {
   std::vector<double> v(size_t(init.shape.numel()));
-  for (double& x : v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    double& x = v[i];
     switch (init.fill) {
       case Fill::normal_outliers: {
         x = rng.normal();
@@ -54,6 +56,16 @@ std::vector<double> generate(const TensorInit& init, DType dtype, Rng& rng) {
       case Fill::uniform_positive: x = 0.5 + rng.uniform(); break;
       case Fill::normal: x = rng.normal(); break;
       case Fill::zeros: x = 0; break;
+      case Fill::uniform: x = init.low + (init.high - init.low) * rng.uniform(); break;
+      case Fill::integers: {
+        double span = std::max(init.high - init.low, 1.0);
+        x = init.low + std::min(std::floor(span * rng.uniform()), span - 1);
+        break;
+      }
+      case Fill::values:
+        if (init.values.empty()) throw Error(ErrorCode::invalid_argument, "harness: Fill::values with an empty list");
+        x = init.values[i % init.values.size()];
+        break;
     }
     x = round_to(x * init.scale, dtype);
   }
