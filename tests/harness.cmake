@@ -26,3 +26,6 @@ set_tests_properties(cli.list_json PROPERTIES PASS_REGULAR_EXPRESSION "\"selecte
 add_test(NAME cli.env_policy COMMAND opforge_cli explain rms_norm)
 set_tests_properties(cli.env_policy PROPERTIES ENVIRONMENT "OPFORGE_OPS=-rms_norm"
   PASS_REGULAR_EXPRESSION "rule: '-rms_norm' \\(from OPFORGE_OPS\\)")
+add_test(NAME cli.case_typo_message COMMAND opforge_cli bench rms_norm --case t1024xh40 --no-reference)
+set_tests_properties(cli.case_typo_message PROPERTIES WILL_FAIL FALSE
+  PASS_REGULAR_EXPRESSION "unknown case 't1024xh40'; valid: .*t1024xh4096")

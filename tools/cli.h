@@ -34,6 +34,7 @@ struct HarnessFlags {
   std::vector<std::string> backends;
   std::vector<std::string> dtypes;
   std::vector<std::string> groups;
+  std::vector<std::string> cases;
   std::string json, csv;
   harness::Options options() const;
 };

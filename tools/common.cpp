@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "opforge/error.h"
@@ -26,6 +27,7 @@ void add_harness_flags(CLI::App& cmd, HarnessFlags& f) {
   cmd.add_option("--backend", f.backends, "impl names or devices (reference, cpu, cuda, ...); repeatable");
   cmd.add_option("--dtype", f.dtypes, "dtypes (f32, f16, bf16, f64); repeatable");
   cmd.add_option("--group", f.groups, "case groups (small, medium, large, edge); repeatable");
+  cmd.add_option("--case", f.cases, "case labels to run (exact, e.g. t1024xh4096), whatever their group; repeatable");
   cmd.add_option("--json", f.json, "write results as JSON");
   cmd.add_option("--csv", f.csv, "write results as CSV");
 }
@@ -42,6 +44,20 @@ harness::Options HarnessFlags::options() const {
   const Registry& reg = global_registry();
   for (const std::string& op : ops) reg.op(op);  // unknown op -> Error listing the valid ones
   o.ops = ops;
+  for (const std::string& label : cases) {  // a label no selected op has is a typo, not "no results"
+    std::string valid;
+    bool found = false;
+    for (const OpEntry* op : reg.ops()) {
+      if (!op->cases || (!ops.empty() && std::find(ops.begin(), ops.end(), op->name) == ops.end())) continue;
+      for (const Case& c : op->cases()) {
+        found |= c.label == label;
+        if (!ops.empty()) valid += (valid.empty() ? "" : ", ") + c.label;
+      }
+    }
+    if (!found)
+      throw Error(ErrorCode::unknown_name, "unknown case '" + label + "'" +
+                                               (valid.empty() ? std::string("; name the op to list its cases") : "; valid: " + valid));
+  }
   for (const std::string& b : backends) {
     bool known = b == "cpu" || b == "cuda";
     for (const OpEntry* op : reg.ops())
@@ -51,6 +67,7 @@ harness::Options HarnessFlags::options() const {
   o.backends = backends;
   for (const std::string& d : dtypes) o.dtypes.push_back(parse_dtype(d));
   for (const std::string& g : groups) o.groups.push_back(parse_group(g));
+  o.cases = cases;
   o.progress = isatty(2);
   return o;
 }

@@ -32,6 +32,8 @@ struct Options {
   Policy policy;
   std::vector<DType> dtypes;         // empty: every dtype each kernel claims
   std::vector<CaseGroup> groups;     // empty: test/grad small+medium+edge, perf small+medium+large
+  std::vector<std::string> cases;    // case labels (exact); empty: every case of the chosen groups.
+                                     // A label chosen here runs whatever its group.
   uint64_t seed = 20261125;
   int cuda_device = 0;
   // perf: each sample is timed, samples repeat until both bounds are met, median is reported.

@@ -151,7 +151,7 @@ Report check_ops(const Registry& reg, const Options& opt, bool backward_ops, con
   for (const OpEntry* op : reg.ops()) {
     if (!op_selected(opt, *op) || is_backward_op(reg, *op) != backward_ops || !op->cases) continue;
     for (const Case& c : op->cases()) {
-      if (!group_selected(opt, c.group, false)) continue;
+      if (!case_selected(opt, c, false)) continue;
       for (const KernelEntry& k : op->kernels) {
         if (!backend_selected(reg, opt, k) || !k.availability().ok) continue;
         for (DType t : dtypes_for(opt, k, c, false)) jobs.push_back({op, &k, c, t});

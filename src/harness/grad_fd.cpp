@@ -125,6 +125,7 @@ Report finite_difference_checks(const Registry& reg, const Options& opt) {
     for (const Case& c : op->cases()) {
       // Finite differences re-run the forward per probe: small and edge cases only.
       if (c.group != CaseGroup::small && c.group != CaseGroup::edge) continue;
+      if (!opt.cases.empty() && !case_selected(opt, c, false)) continue;
       progress(opt, 0, 1, "grad " + op->name + " " + c.label);
       Result r;
       try {

@@ -149,6 +149,11 @@ bool group_selected(const Options& opt, CaseGroup g, bool perf) {
   return perf ? g != CaseGroup::edge : g != CaseGroup::large;
 }
 
+bool case_selected(const Options& opt, const Case& c, bool perf) {
+  if (!opt.cases.empty()) return std::find(opt.cases.begin(), opt.cases.end(), c.label) != opt.cases.end();
+  return group_selected(opt, c.group, perf);
+}
+
 std::vector<DType> dtypes_for(const Options& opt, const KernelEntry& k, const Case& c, bool perf) {
   std::vector<DType> out;
   for (DType t : k.desc.dtypes) {

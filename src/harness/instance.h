@@ -55,6 +55,8 @@ Decision only(const OpEntry& op, const KernelEntry& k, Device device);
 bool backend_selected(const Registry& reg, const Options& opt, const KernelEntry& k);
 bool op_selected(const Options& opt, const OpEntry& op);
 bool group_selected(const Options& opt, CaseGroup g, bool perf);
+// A case runs when its label is among Options::cases, or, with no labels given, its group is selected.
+bool case_selected(const Options& opt, const Case& c, bool perf);
 std::vector<DType> dtypes_for(const Options& opt, const KernelEntry& k, const Case& c, bool perf);
 Device device_for(const Options& opt, const KernelEntry& k);
 // Ops that are some op's backward (grad mode covers them; test mode the others).

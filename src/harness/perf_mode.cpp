@@ -132,7 +132,7 @@ Report run_perf(const Registry& reg, const Options& opt) {
   for (const OpEntry* op : reg.ops()) {
     if (!op_selected(opt, *op) || !op->cases) continue;
     for (const Case& c : op->cases()) {
-      if (!group_selected(opt, c.group, true)) continue;
+      if (!case_selected(opt, c, true)) continue;
       for (const KernelEntry& k : op->kernels) {
         if (!backend_selected(reg, opt, k) || !k.availability().ok) continue;
         if (k.is_reference() && !opt.perf_reference) continue;
