@@ -2,6 +2,8 @@
 // kernel argument blocks, the register-resident row shape and the vec16 predicate pieces.
 #pragma once
 
+#include <cstdlib>
+
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/norm/norm_cuda.h"
 
@@ -64,6 +66,18 @@ inline RowShape register_row_shape(int64_t n_packs, int max_threads, int group_b
     s.rows_per_block = 1;
   }
   return s;
+}
+
+// Note [rows in flight] (cuda.cu): the most rows a vec16 block step takes at once, 4 forward and
+// 2 backward (at 4 the backward kernels spill: each row adds its row pointers to the live
+// registers). OPFORGE_CUDA_NORM_ROWS=1|2|4 overrides both, for tuning runs.
+inline int max_rows_at_once(bool backward) {
+  static const int forced = [] {
+    const char* e = std::getenv("OPFORGE_CUDA_NORM_ROWS");
+    const int n = e ? std::atoi(e) : 0;
+    return n >= 4 ? 4 : n >= 2 ? 2 : n == 1 ? 1 : 0;
+  }();
+  return forced ? forced : backward ? 2 : 4;
 }
 
 inline constexpr int kFwdMaxThreads = 1024;  // forward: up to 2 * 1024 packs per row
