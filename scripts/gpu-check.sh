@@ -201,7 +201,7 @@ if [[ $built -eq 1 ]]; then
   run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$OUT/check-test.json"
   run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
   # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
-  run_step bench "$OUT/bench.log" 300 "$BIN" bench --backend cuda ${GPU_CHECK_BENCH_ARGS:-} --json "$OUT/bench.json"
+  run_step bench "$OUT/bench.log" 300 "$BIN" bench ${GPU_CHECK_BENCH_ARGS:-} --backend cuda --json "$OUT/bench.json"
 
   # ---- 3b. side by side with torch (eager, torch.compile) on this card ---------------------------
   compare_args=(--opforge "$BIN" --out "$COMPARE_MD")

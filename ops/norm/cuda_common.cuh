@@ -68,20 +68,29 @@ inline RowShape register_row_shape(int64_t n_packs, int max_threads, int group_b
   return s;
 }
 
-// Note [rows in flight] (cuda.cu): the most rows a vec16 block step takes at once, 4 forward and
-// 2 backward (at 4 the backward kernels spill: each row adds its row pointers to the live
-// registers). OPFORGE_CUDA_NORM_ROWS=1|2|4 overrides both, for tuning runs.
-inline int max_rows_at_once(bool backward) {
-  static const int forced = [] {
-    const char* e = std::getenv("OPFORGE_CUDA_NORM_ROWS");
-    const int n = e ? std::atoi(e) : 0;
-    return n >= 4 ? 4 : n >= 2 ? 2 : n == 1 ? 1 : 0;
-  }();
-  return forced ? forced : backward ? 2 : 4;
+// Note [rows in flight] (cuda.cu): the most rows a forward vec16 block step takes at once: 4 for
+// rms_norm, 2 for fused_add_rms_norm (at 4 its four row pointers per row spill). Tuning runs can
+// override it with OPFORGE_CUDA_NORM_ROWS=1|2|4, and the most threads per row (the rest of a row
+// goes to a second pack per thread) with OPFORGE_CUDA_NORM_THREADS=256|512|1024.
+inline int env_choice(const char* name, int lo, int hi) {
+  const char* e = std::getenv(name);
+  if (!e) return 0;
+  const int n = std::atoi(e);
+  int v = lo;
+  while (v * 2 <= n && v * 2 <= hi) v *= 2;
+  return n >= lo ? v : 0;
+}
+inline int fwd_max_rows(bool fused) {
+  static const int forced = env_choice("OPFORGE_CUDA_NORM_ROWS", 1, 4);
+  return forced ? forced : fused ? 2 : 4;
 }
 
 inline constexpr int kFwdMaxThreads = 1024;  // forward: up to 2 * 1024 packs per row
 inline constexpr int kBwdMaxThreads = 512;   // backward: up to 2 * 512 packs (more live values)
+inline int fwd_max_threads() {
+  static const int forced = env_choice("OPFORGE_CUDA_NORM_THREADS", 64, kFwdMaxThreads);
+  return forced ? forced : kFwdMaxThreads;
+}
 
 // Shared by the vec16 predicates: dtype, w contiguous and aligned, hidden a multiple of the pack.
 inline const char* vec16_common_problem(const TensorView& x, const TensorView& w, int64_t max_packs) {

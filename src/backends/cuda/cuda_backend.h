@@ -57,9 +57,9 @@ const CudaDeviceProps& cuda_device_props(int device_index);
 // captured); later calls capture fine.
 void* cuda_workspace(const Context& ctx, int64_t bytes);
 
-// Note [grid barrier]: two zeroed words of device memory per (device, stream) for kernels that
-// launch cooperatively and meet at a grid-wide barrier (arrival count, generation). The barrier
-// leaves the count at zero, so launches in stream order (graph replays too) share it. Allocated on
+// Note [grid barrier]: a zeroed word of device memory per (device, stream) for kernels that
+// launch cooperatively and meet at a grid-wide barrier (cuda_launch.cuh); each barrier leaves its
+// low bits as it found them, so launches in stream order (graph replays too) share it. Allocated on
 // the first call (outside graph capture), never freed before exit.
 unsigned* cuda_grid_barrier(const Context& ctx);
 

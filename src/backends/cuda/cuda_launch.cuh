@@ -183,21 +183,18 @@ template <int N> __device__ __forceinline__ void block_sum_n(float (&v)[N], floa
 
 // Note [grid barrier]: every block of a cooperative launch (cudaLaunchAttributeCooperative, so all
 // blocks are resident) waits here until all have arrived; writes before it are visible to every
-// block after it (read them with __ldcg: L1 is not coherent). `state` is cuda_grid_barrier(ctx):
-// an arrival count, which the last block resets to zero, and a generation, which it then bumps.
+// block after it (read them with __ldcg: L1 is not coherent). `state` is cuda_grid_barrier(ctx).
+// One atomic per block: block 0 adds 2^31 - (blocks - 1) and every other block 1, so the top bit
+// of the word flips once all have arrived and the low bits come back to where they were (the
+// word needs no reset, whatever the grid size of the next launch).
 __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
+  __threadfence();  // this thread's writes, before the block's arrival is announced
   __syncthreads();
   if (threadIdx.x == 0) {
-    volatile unsigned* generation = state + 1;
-    const unsigned seen = *generation;  // cannot move on before this block has arrived
-    __threadfence();
-    if (atomicAdd(state, 1u) == blocks - 1) {
-      atomicExch(state, 0u);
-      __threadfence();
-      atomicAdd(state + 1, 1u);
-    } else {
-      while (*generation == seen) __nanosleep(32);
-    }
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
+    const unsigned before = atomicAdd(state, add);
+    volatile unsigned* word = state;
+    while (((before ^ *word) & 0x80000000u) == 0) __nanosleep(20);
     __threadfence();
   }
   __syncthreads();
