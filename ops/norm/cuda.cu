@@ -181,11 +181,12 @@ template <class T, bool kFused> void launch_rows(const Context& ctx, const FwdAr
 // columns) before reducing them together: R times the bytes in flight, one barrier pair per R
 // rows, and w loaded once per thread. R shrinks for few rows so that small problems still spread
 // over the SMs: R = 4 from 4 rows per SM, 2 from 2 rows per SM, else 1 (and 2 at most when a
-// thread holds K = 2 packs of a row; max_rows_at_once() caps it).
+// thread holds K = 2 packs of a row). max_rows_at_once() and fwd_max_threads() in cuda_common.cuh
+// hold the measured choices per op.
 inline int rows_at_once(const Context& ctx, int64_t rows, int k, bool fused) {
   const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
   const int r = rows >= 4 * sms ? 4 : rows >= 2 * sms ? 2 : 1;
-  return std::min({r, 4 / k, fwd_max_rows(fused)});
+  return std::min({r, 4 / k, max_rows_at_once(fused, false)});
 }
 
 template <class T, int K, int R, bool kFused>
@@ -196,7 +197,8 @@ void launch_vec_r(const Context& ctx, const FwdArgs<T>& a, const RowShape& s) {
 
 template <class T, bool kFused> void launch_vec(const Context& ctx, const FwdArgs<T>& a) {
   const int64_t n_packs = a.hidden / Pack<T>::n;
-  const int max_threads = n_packs <= 2 * fwd_max_threads() ? fwd_max_threads() : kFwdMaxThreads;
+  const int cap = fwd_max_threads(kFused);
+  const int max_threads = n_packs <= 2 * cap ? cap : kFwdMaxThreads;
   const RowShape s = register_row_shape(n_packs, max_threads, 256);
   // Short rows already share a block (many rows per block step).
   const int r = s.rows_per_block > 1 ? 1 : rows_at_once(ctx, a.rows, s.k, kFused);

@@ -14,10 +14,9 @@
 //    kernel, after a grid barrier inside the vec16 kernel). No float atomics: the bits
 //    depend only on the inputs and the device's SM count.
 //  - cuda_vec16 (priority 200): Note [register-resident row] with up to 512 threads x 2 packs of
-//    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row, the next
-//    row's loads in flight while a row is reduced (Note [next-row prefetch]); the two row sums
-//    (sum x^2, sum m*x) reduced together (Note [cuda reductions]); w held in registers for the
-//    whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
+//    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row, R rows
+//    at once (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) of the R rows
+//    reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
 //  is allocated only on the first call with a larger shape.
@@ -176,33 +175,20 @@ __device__ __forceinline__ void store_dx_pack(const BwdRow<T>& p, int col, const
 // instead of two; G is at least hidden / threads so that phase 2 gives each thread a handful of
 // independent loads.
 //
-// Note [next-row prefetch]: while a block reduces and writes row i, the loads of row i + 1 (x, dy,
-// and the residual) are already in flight: each thread holds the raw packs of two rows. Holding
-// more rows at once (R rows per step, as the forward does) spilled here: the dw accumulators and
-// the f32 copies of x, dy and w already fill most of the 64 registers that two 512-thread blocks
-// per SM allow.
-template <class T, int K, bool kFused> struct RowPacks {
-  Pack<T> x[K], g[K], r[kFused ? K : 1];
-  __device__ __forceinline__ void load(const BwdArgs<T>& a, int64_t row, int n_packs) {
-    const BwdRow<T> p = bwd_row<T, kFused>(a, row);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < n_packs) {
-        x[k] = load_pack(p.x + i * Pack<T>::n);
-        g[k] = load_pack(p.dy + i * Pack<T>::n);
-        if constexpr (kFused) r[k] = load_pack(p.r + i * Pack<T>::n);
-      }
-    }
-  }
-};
-
-template <class T, int K, bool kFused>
-__global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
+// Note [rows in flight, backward]: each thread loads its packs of R rows (x, dy and the residual)
+// before reducing them together (Note [rows in flight] in cuda.cu): from 4 rows per SM R = 4
+// (rms_norm_backward) or 2 (fused: its residual adds a pack per row and R = 4 spilled), else 1.
+// At R = 4 the x, dy and w values, their f32 copies and the dw accumulators need more than
+// the 64 registers that two 512-thread blocks per SM allow (at that cap the kernel spilled and ran
+// at a third of the speed), so R = 4 runs one block per SM with up to 128 registers. Prefetching
+// the next row instead of holding R rows was measured slower (65% against 69% of copy at 16384
+// rows, H200).
+template <class T, int K, int R, bool kFused>
+__global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
     rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, unsigned* barrier,
                             T* dw_out, int64_t dw_stride) {
   constexpr int N = Pack<T>::n;
-  __shared__ float scratch[2 * 32];
+  __shared__ float scratch[2 * R * 32];
   __shared__ float slice[kBwdMaxThreads];
   const int n_packs = int(a.hidden / N);
   const int threads = blockDim.x;
@@ -217,33 +203,53 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
   }
   const int64_t first = int64_t(blockIdx.x) * rows_per_block;
   const int64_t last = min(a.rows, first + rows_per_block);
-  RowPacks<T, K, kFused> next;
-  if (first < last) next.load(a, first, n_packs);
-  for (int64_t row = first; row < last; ++row) {  // block-uniform
-    RowPacks<T, K, kFused> cur = next;
-    if (row + 1 < last) next.load(a, row + 1, n_packs);  // Note [next-row prefetch]
-    float sums[2] = {0.0f, 0.0f};  // (sum x^2, sum m*x)
+  for (int64_t base = first; base < last; base += R) {  // block-uniform
+    Pack<T> xp[R][K], gp[R][K];
+    Pack<T> rp[kFused ? R : 1][K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * threads;
-      if (i < n_packs) {
-        if constexpr (kFused) cur.x[k] = rounded_sum(cur.x[k], cur.r[k]);
+    for (int r = 0; r < R; ++r) {
+      const bool live = base + r < last;
+      const BwdRow<T> p = bwd_row<T, kFused>(a, live ? base + r : first);
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float v = to_f32(cur.x[k].v[j]);
-          sums[0] += v * v;
-          sums[1] += to_f32(cur.g[k].v[j]) * (to_f32(wp[k].v[j]) + a.offset) * v;
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (live && i < n_packs) {
+          xp[r][k] = load_pack(p.x + i * N);
+          gp[r][k] = load_pack(p.dy + i * N);
+          if constexpr (kFused) rp[r][k] = load_pack(p.r + i * N);
         }
       }
     }
-    block_sum_n<2>(sums, scratch);
-    const BwdRow<T> p = bwd_row<T, kFused>(a, row);
-    const float2 scale = row_scales(make_float2(sums[0], sums[1]), a);
+    float sums[2 * R];  // (sum x^2, sum m*x) of each row
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * threads;
-      if (i < n_packs)
-        store_dx_pack<T, kFused>(p, i * N, cur.x[k], cur.g[k], wp[k], a.offset, scale, dw[k]);
+    for (int r = 0; r < R; ++r) {
+      sums[2 * r] = sums[2 * r + 1] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (base + r < last && i < n_packs) {
+          if constexpr (kFused) xp[r][k] = rounded_sum(xp[r][k], rp[r][k]);
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float v = to_f32(xp[r][k].v[j]);
+            sums[2 * r] += v * v;
+            sums[2 * r + 1] += to_f32(gp[r][k].v[j]) * (to_f32(wp[k].v[j]) + a.offset) * v;
+          }
+        }
+      }
+    }
+    block_sum_n<2 * R>(sums, scratch);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (base + r >= last) continue;
+      const BwdRow<T> p = bwd_row<T, kFused>(a, base + r);
+      const float2 scale = row_scales(make_float2(sums[2 * r], sums[2 * r + 1]), a);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (i < n_packs)
+          store_dx_pack<T, kFused>(p, i * N, xp[r][k], gp[r][k], wp[k], a.offset, scale, dw[k]);
+      }
     }
   }
   float* dw_part = partial + int64_t(blockIdx.x) * a.hidden;
@@ -299,12 +305,13 @@ template <class Kernel> int resident_per_sm(Kernel kernel, int block) {
   return n;
 }
 
-template <class T, int K, bool kFused>
+template <class T, int K, int R, bool kFused>
 void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, int block) {
-  auto kernel = rms_norm_bwd_vec_kernel<T, K, kFused>;
+  auto kernel = rms_norm_bwd_vec_kernel<T, K, R, kFused>;
   const int64_t resident =
       int64_t(resident_per_sm(kernel, block)) * cuda_device_props(ctx.device.index).sm_count;
-  const int64_t rows_per_block = (a.rows + resident - 1) / resident;
+  const int64_t steps = (a.rows + R - 1) / R;
+  const int64_t rows_per_block = (steps + resident - 1) / resident * R;
   // Note [one-launch dw]: at least hidden / threads blocks (some without rows when rows are few).
   const int64_t min_blocks = std::min(resident, (a.hidden + block - 1) / block);
   const int64_t blocks = std::max((a.rows + rows_per_block - 1) / rows_per_block, min_blocks);
@@ -335,8 +342,17 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   cudaStream_t stream = stream_of(ctx);
   if (vec) {
     const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
-    if (s.k == 1) launch_vec_coop<T, 1, kFused>(ctx, a, dw, s.block);
-    else launch_vec_coop<T, 2, kFused>(ctx, a, dw, s.block);
+    // Note [rows in flight, backward].
+    const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
+    const int r = a.rows >= 4 * sms ? std::min(max_rows_at_once(kFused, true), 4 / s.k) : 1;
+    if (s.k == 1) {
+      if (r >= 4) launch_vec_coop<T, 1, 4, kFused>(ctx, a, dw, s.block);
+      else if (r == 2) launch_vec_coop<T, 1, 2, kFused>(ctx, a, dw, s.block);
+      else launch_vec_coop<T, 1, 1, kFused>(ctx, a, dw, s.block);
+    } else {
+      if (r >= 2) launch_vec_coop<T, 2, 2, kFused>(ctx, a, dw, s.block);
+      else launch_vec_coop<T, 2, 1, kFused>(ctx, a, dw, s.block);
+    }
     return;
   }
   const int block = 256;
