@@ -292,24 +292,19 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
 }
 
 // ---- launchers -------------------------------------------------------------------------------------
-// Blocks of `kernel` that fit on one SM at `block` threads, cached per block size.
-template <class Kernel> int resident_per_sm(Kernel kernel, int block) {
-  static std::atomic<int> cache[kBwdMaxThreads / 32 + 1];
-  std::atomic<int>& slot = cache[block / 32];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, 0));
-    n = std::max(n, 1);
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 template <class T, int K, int R, bool kFused>
 void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, int block) {
   auto kernel = rms_norm_bwd_vec_kernel<T, K, R, kFused>;
-  const int64_t resident =
-      int64_t(resident_per_sm(kernel, block)) * cuda_device_props(ctx.device.index).sm_count;
+  // Blocks of this instantiation that fit on one SM, cached per block size (a cooperative launch
+  // of more blocks than fit is refused).
+  static std::atomic<int> per_sm[kBwdMaxThreads / 32 + 1];
+  int fit = per_sm[block / 32].load(std::memory_order_relaxed);
+  if (fit == 0) {
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, block, 0));
+    fit = std::max(fit, 1);
+    per_sm[block / 32].store(fit, std::memory_order_relaxed);
+  }
+  const int64_t resident = int64_t(fit) * cuda_device_props(ctx.device.index).sm_count;
   const int64_t steps = (a.rows + R - 1) / R;
   const int64_t rows_per_block = (steps + resident - 1) / resident * R;
   // Note [one-launch dw]: at least hidden / threads blocks (some without rows when rows are few).
@@ -327,10 +322,14 @@ void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   config.stream = stream_of(ctx);
   config.attrs = attr;
   config.numAttrs = 1;
-  check(cudaLaunchKernelEx(&config, kernel, a, partial, rows_per_block, barrier, dw.ptr<T>(),
-                           int64_t(dw.stride(0))),
-        kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
-               : "rms_norm_backward_cuda_vec16 cooperative launch");
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, a, partial, rows_per_block, barrier,
+                                                dw.ptr<T>(), int64_t(dw.stride(0)));
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // a refused launch is not an error of the next one
+    throw_cuda_error(kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
+                            : "rms_norm_backward_cuda_vec16 cooperative launch",
+                     status);
+  }
 }
 
 template <class T, bool kFused>
