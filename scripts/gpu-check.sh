@@ -105,7 +105,7 @@ write_report() {
     echo "## Summary"
     echo
     summary_table
-    section "CUDA kernel timing (tests/cuda_kernels_test.cpp, median of 30 samples of 20 launches, events)" \
+    section "CUDA kernel timing (tests/cuda_kernels_test.cpp, median of 30 samples of 20 calls: events around plain launches, and a CUDA graph replay)" \
       "$OUT/bench.log" '^\|'
     section "opforge bench --backend cuda" "$OUT/bench.log" '' "=== bench:"
     if [[ -s "$COMPARE_MD" ]]; then echo; sed 's/^# /## /' "$COMPARE_MD";

@@ -14,9 +14,8 @@
 //    kernel, after a grid barrier inside the vec16 kernel). No float atomics: the bits
 //    depend only on the inputs and the device's SM count.
 //  - cuda_vec16 (priority 200): Note [register-resident row] with up to 512 threads x 2 packs of
-//    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row, R rows
-//    at once (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) of the R rows
-//    reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
+//    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row
+//    (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
 //  is allocated only on the first call with a larger shape.
@@ -175,14 +174,15 @@ __device__ __forceinline__ void store_dx_pack(const BwdRow<T>& p, int col, const
 // instead of two; G is at least hidden / threads so that phase 2 gives each thread a handful of
 // independent loads.
 //
-// Note [rows in flight, backward]: each thread loads its packs of R rows (x, dy and the residual)
-// before reducing them together (Note [rows in flight] in cuda.cu): from 4 rows per SM R = 4
-// (rms_norm_backward) or 2 (fused: its residual adds a pack per row and R = 4 spilled), else 1.
-// At R = 4 the x, dy and w values, their f32 copies and the dw accumulators need more than
-// the 64 registers that two 512-thread blocks per SM allow (at that cap the kernel spilled and ran
-// at a third of the speed), so R = 4 runs one block per SM with up to 128 registers. Prefetching
-// the next row instead of holding R rows was measured slower (65% against 69% of copy at 16384
-// rows, H200).
+// Note [rows in flight, backward]: the kernel can load its packs of R rows (x, dy and the
+// residual) before reducing them together, as the forward does (Note [rows in flight] in cuda.cu),
+// but one row at a time is the measured best, so R = 1 unless OPFORGE_CUDA_NORM_ROWS asks for
+// more. At R = 1 two 512-thread blocks share an SM (64 registers); at R >= 2 the x, dy, w values,
+// their f32 copies and the dw accumulators need more than 64 registers (at that cap the kernel
+// spilled and ran at a third of the speed), so it runs one block per SM, whose load phases no
+// other block covers. H200, 16384 x 4096 bf16, % of copy for rms_norm_backward / fused: R = 1
+// 69% / 82%, R = 2 48% / 65%, R = 4 51% / (spills, not run). Prefetching the next row while
+// reducing the current one was also slower (65% / 79%).
 template <class T, int K, int R, bool kFused>
 __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
     rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, unsigned* barrier,

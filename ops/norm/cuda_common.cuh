@@ -72,8 +72,7 @@ inline RowShape register_row_shape(int64_t n_packs, int max_threads, int group_b
 // threads a row gets at most (the rest of a long row goes to a second pack per thread). Measured on
 // an H200 at 16384 x 4096 bf16: rms_norm 512 threads x 4 rows (86% of copy; 1 row: 52%);
 // fused_add_rms_norm 256 threads x 2 packs x 1 row (91%; 512 x 1 x 2 rows: 85%, 4 rows spill:
-// 62%); the backward kernels 4 rows, 2 for the fused one (Note [rows in flight, backward] in
-// cuda_backward.cu).
+// 62%); the backward kernels 1 row (Note [rows in flight, backward] in cuda_backward.cu).
 // Tuning runs override R with OPFORGE_CUDA_NORM_ROWS=1|2|4 and the thread cap with
 // OPFORGE_CUDA_NORM_THREADS=64..1024 (forward).
 inline int env_choice(const char* name, int lo, int hi) {
@@ -87,7 +86,7 @@ inline int env_choice(const char* name, int lo, int hi) {
 inline int max_rows_at_once(bool fused, bool backward) {
   static const int forced = env_choice("OPFORGE_CUDA_NORM_ROWS", 1, 4);
   if (forced) return forced;
-  if (backward) return fused ? 2 : 4;
+  if (backward) return 1;
   return fused ? 1 : 4;
 }
 
