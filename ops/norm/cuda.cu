@@ -7,7 +7,8 @@
 //    residual) is read once and y written once: the minimum traffic. Rows of <= 32 packs take a
 //    group of 1..32 lanes each (256-thread blocks, shuffle reduction); longer rows take a block of
 //    threads with a warp-then-block reduction (Note [cuda reductions]), R rows at once
-//    (Note [rows in flight]). hidden 4096 bf16 is 512 threads x 1 pack x 4 rows; up to 2048 packs
+//    (Note [rows in flight]). hidden 4096 bf16: rms_norm 512 threads x 1 pack x 4 rows,
+//    fused_add_rms_norm 256 threads x 2 packs x 1 row (measured best of each); up to 2048 packs
 //    (hidden 16384 bf16, 8192 f32). Needs 16-byte aligned pointers, hidden and row strides
 //    multiples of the pack and w contiguous (the predicate returns the reason otherwise).
 //  - cuda (priority 100): any layout the op's check accepts. One block per row, scalar loads, two
@@ -328,7 +329,8 @@ void register_norm_cuda(Registry& reg) {
     return d;
   };
   const char* bwd_vec_summary =
-      "16-byte packs in registers, per-block f32 dw partials reduced in fixed order";
+      "16-byte packs in registers; one cooperative launch, per-block f32 dw partials reduced in "
+      "fixed order after a grid barrier";
   const char* bwd_scalar_summary =
       "any layout: scalar loads, per-block f32 dw partials reduced in fixed order";
   reg.add_kernel<RmsNormBackward>(bwd_desc("cuda_vec16", 200, bwd_vec_summary),

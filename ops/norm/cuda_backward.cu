@@ -12,7 +12,7 @@
 //    partials [G, hidden] to the per-stream workspace (Note [cuda workspace]); the partials of each
 //    column are then summed in a fixed order and rounded once (by a second kernel after the scalar
 //    kernel, after a grid barrier inside the vec16 kernel). No float atomics: the bits
-//    depend only on the inputs and the device's SM count.
+//    depend only on the inputs, the device's SM count and the kernel's occupancy (fixed per build).
 //  - cuda_vec16 (priority 200): Note [register-resident row] with up to 512 threads x 2 packs of
 //    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row
 //    (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
