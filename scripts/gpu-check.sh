@@ -7,7 +7,9 @@
 #   5. compute-sanitizer memcheck and racecheck over the CUDA kernel tests and over the harness's
 #      CUDA test run (small cases: the sanitizers slow kernels down a hundredfold),
 #   6. the rest of the test binary,
-#   7. a dated markdown report (gpu-report-YYYY-MM-DD.md) with the card's name and every figure.
+#   7. scripts/compare-torch-gpu.py: opforge vs torch eager and torch.compile on the same card
+#      (rms_norm, fused_add_rms_norm, silu_and_mul, bf16, 16 / 1024 / 16384 tokens),
+#   8. a dated markdown report (gpu-report-YYYY-MM-DD.md) with the card's name and every figure.
 # The most telling steps come first, and the report is rewritten after every step, so a call cut
 # short still brings back what ran. Logs are teed into $OUT (the device tool returns at most 8
 # files: build.log, gtest.log, check.log, check-test.json, bench.log, bench.json, sanitizer.log and
@@ -17,6 +19,7 @@
 # Usage (device tool): carry [".gpudeps"], command "bash scripts/gpu-check.sh".
 # Environment: OUT (default ./out), JOBS (default: all cores), BUILD_DIR (default build-gpu),
 # GPU_CHECK_SKIP (space-separated step names to skip, e.g. "full_tests racecheck_harness"),
+# GPU_CHECK_BENCH_ARGS (extra `opforge bench` arguments, e.g. "rms_norm --dtype bf16 --group large"),
 # GPU_CHECK_CXX_FLAGS (extra host-compiler flags, e.g. "-include cstdint" to get past a header that
 # leans on an include the GPU machine's newer libstdc++ no longer makes for it).
 # Needs CMake >= 3.26 on the GPU machine (older CMake cannot ask nvcc for C++20).
@@ -31,6 +34,9 @@ BUILD_DIR="${BUILD_DIR:-build-gpu}"
 PREFIX="${TMPDIR:-/tmp}/opforge-gpudeps"
 DATE="$(date -u +%Y-%m-%d)"
 REPORT="$OUT/gpu-report-$DATE.md"
+COMPARE_MD="${TMPDIR:-/tmp}/opforge-compare-torch.md"  # folded into the report ($OUT holds 8 files)
+COMPARE_LOG="${TMPDIR:-/tmp}/opforge-compare-torch.log"
+rm -f "$COMPARE_MD" "$COMPARE_LOG"
 SKIP=" ${GPU_CHECK_SKIP:-} "
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
@@ -99,9 +105,11 @@ write_report() {
     echo "## Summary"
     echo
     summary_table
-    section "CUDA kernel timing (tests/cuda_kernels_test.cpp, median of 30 samples of 20 launches, events)" \
+    section "CUDA kernel timing (tests/cuda_kernels_test.cpp, median of 30 samples of 20 calls: events around plain launches, and a CUDA graph replay)" \
       "$OUT/bench.log" '^\|'
     section "opforge bench --backend cuda" "$OUT/bench.log" '' "=== bench:"
+    if [[ -s "$COMPARE_MD" ]]; then echo; sed 's/^# /## /' "$COMPARE_MD";
+    else section "compare-torch-gpu.py (no table; log tail)" "$COMPARE_LOG"; fi
     section "opforge check --backend cuda (test, grad)" "$OUT/check.log"
     section "compute-sanitizer" "$OUT/sanitizer.log" 'SUMMARY|^=== |Invalid|race|Race|error'
     section "CUDA kernel tests" "$OUT/gtest.log" '^\[ *(OK|FAILED|PASSED|SKIPPED) *\]|Failure|error'
@@ -172,15 +180,36 @@ TESTS="$BUILD_DIR/tests/opforge_tests"
 if [[ $built -eq 1 ]]; then
   # Most telling first, so that a call cut short still brings back the essentials.
   # ---- 2. CUDA kernel tests and timing ----------------------------------------------------------
-  run_step cuda_tests "$OUT/gtest.log" 240 "$TESTS" --gtest_filter='CudaKernels.*' --gtest_color=no
+  run_step cuda_tests "$OUT/gtest.log" 240 "$TESTS" --gtest_filter='CudaKernels.*:CudaProbe.*' --gtest_color=no
   note_last "$(grep -Eo '\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?' "$OUT/gtest.log" | tr '\n' ' ')"
   run_step timing "$OUT/bench.log" 240 "$TESTS" --gtest_also_run_disabled_tests \
     --gtest_filter='CudaKernelsTiming.*' --gtest_color=no
 
+  # Note [cuda availability]: with no visible device the probe gives its reason, no crash.
+  probe_no_device() {
+    local out
+    out="$(CUDA_VISIBLE_DEVICES= "$BIN" list 2>&1)"; local rc=$?
+    echo "$out" | grep -m3 'unavailable'
+    [[ $rc -eq 0 ]] && echo "$out" | grep -q 'unavailable: no CUDA device is visible'
+  }
+  export BIN
+  export -f probe_no_device
+  run_step probe_no_device "$OUT/gtest.log" 60 probe_no_device
+  note_last "$(grep -m1 -o 'unavailable: [^|]*' "$OUT/gtest.log" | head -1)"
+
   # ---- 3. harness: correctness, gradients, performance ------------------------------------------
   run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$OUT/check-test.json"
   run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
-  run_step bench "$OUT/bench.log" 300 "$BIN" bench --backend cuda --json "$OUT/bench.json"
+  # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
+  run_step bench "$OUT/bench.log" 300 "$BIN" bench ${GPU_CHECK_BENCH_ARGS:-} --backend cuda --json "$OUT/bench.json"
+
+  # ---- 3b. side by side with torch (eager, torch.compile) on this card ---------------------------
+  compare_args=(--opforge "$BIN" --out "$COMPARE_MD")
+  if [[ -s "$OUT/bench.json" ]] && grep -q '"t16384xh4096"' "$OUT/bench.json" &&
+     grep -q '"t16384xi14336"' "$OUT/bench.json"; then
+    compare_args+=(--bench-json "$OUT/bench.json")
+  fi
+  run_step compare_torch "$COMPARE_LOG" 300 env PYTHONUNBUFFERED=1 python3 scripts/compare-torch-gpu.py "${compare_args[@]}"
 
   # ---- 4. sanitizers ----------------------------------------------------------------------------
   if command -v compute-sanitizer >/dev/null; then

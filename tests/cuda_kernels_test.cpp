@@ -27,6 +27,28 @@ TEST(CudaKernels, NeedsCuda) { GTEST_SKIP() << "opforge was built without CUDA";
 #else
 
 #include "backends/cuda/cuda_backend.h"
+
+// Note [cuda availability]: without a usable device the probe answers with a reason (no driver,
+// no device, driver older than the runtime, compute capability below 9.0) instead of failing;
+// with one it answers ok and the device qualifies. Runs on machines without a GPU too.
+// scripts/gpu-check.sh also runs `opforge list` with CUDA_VISIBLE_DEVICES= to see the no-device
+// reason on a GPU machine.
+TEST(CudaProbe, AnswersWithAReasonOrADevice) {
+  const opforge::Availability a = opforge::cuda_availability();
+  const opforge::Availability again = opforge::cuda_availability();  // cached, same answer
+  EXPECT_EQ(a.ok, again.ok);
+  EXPECT_EQ(a.reason, again.reason);
+  if (!a.ok) {
+    EXPECT_FALSE(a.reason.empty());
+    std::printf("CUDA unavailable: %s\n", a.reason.c_str());
+    return;
+  }
+  EXPECT_TRUE(a.reason.empty());
+  const opforge::CudaDeviceProps& p = opforge::cuda_device_props(0);
+  EXPECT_GE(p.cc_major, 9);
+  EXPECT_GT(p.sm_count, 0);
+}
+
 #include "ops/activation/activation_cuda.h"
 #include "ops/norm/norm_cuda.h"
 
@@ -417,14 +439,18 @@ TEST(CudaKernels, RmsNormInPlaceBeyond2Pow31Elements) {
 }
 
 // ---- timing (run explicitly: --gtest_also_run_disabled_tests --gtest_filter='CudaKernelsTiming.*')
+// Two timings: events around 20 back-to-back calls (host enqueue gaps included when the host is
+// slower than the kernel) and 20 calls replayed from a CUDA graph (the device's time per call).
 void report_time(const std::string& what, double bytes, const std::function<void()>& fn) {
   const double us = cuda_median_us(0, fn, 20, 30, 20);
-  std::printf("| %-44s | %9.2f | %8.1f |\n", what.c_str(), us, bytes / (us * 1e-6) / 1e9);
+  const double graph_us = cuda_graph_median_us(0, fn, 30, 20);
+  std::printf("| %-44s | %9.2f | %9.2f | %8.1f |\n", what.c_str(), us, graph_us,
+              bytes / (graph_us > 0 ? graph_us : us) / 1e3);
 }
 
 TEST(CudaKernelsTiming, DISABLED_Table) {
   REQUIRE_CUDA();
-  std::printf("| kernel (bf16) | median us | GB/s |\n|---|---|---|\n");
+  std::printf("| kernel (bf16) | median us, stream | median us, graph | GB/s (graph) |\n|---|---|---|---|\n");
   for (int64_t tokens : {1, 16, 1024, 16384}) {
     const int64_t h = 4096;
     Buf x = make_buf(tokens, h, DType::bf16, Fill::normal_outliers, 1);

@@ -115,8 +115,10 @@ struct DeviceMemoryOps {
   void (*device_to_device)(void* dst, const void* src, int64_t bytes, int device_index) = nullptr;
   void (*synchronize)(int device_index) = nullptr;
   // Timing for the harness's perf mode: runs fn(arg) `warmup` times, then `reps` samples of
-  // `batch` back-to-back calls between two device events on the default stream; returns the median
-  // per-call time of the samples in microseconds.
+  // `batch` back-to-back calls between two device events; returns the median per-call time of the
+  // samples in microseconds. The CUDA backend captures the `batch` calls in a graph and replays it
+  // (device time without host enqueue gaps), falling back to plain calls on the default stream
+  // when the calls cannot be captured (Note [graph timing] in src/backends/cuda/cuda_backend.cu).
   double (*time_calls_us)(void (*fn)(void*), void* arg, int warmup, int batch, int reps,
                           int device_index) = nullptr;
   // Device name, e.g. "NVIDIA H100 80GB HBM3" (for reports).

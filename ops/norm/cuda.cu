@@ -6,9 +6,11 @@
 //    (8 bf16/f16 or 4 f32 per LDG.128), each thread keeping its K packs in registers, so x (and the
 //    residual) is read once and y written once: the minimum traffic. Rows of <= 32 packs take a
 //    group of 1..32 lanes each (256-thread blocks, shuffle reduction); longer rows take a block of
-//    threads with a warp-then-block reduction (Note [cuda reductions]). hidden 4096 bf16 is 512
-//    threads x 1 pack; up to 2048 packs (hidden 16384 bf16, 8192 f32). Needs 16-byte aligned pointers, hidden and row strides multiples of the pack
-//    and w contiguous (the predicate returns the reason otherwise).
+//    threads with a warp-then-block reduction (Note [cuda reductions]), R rows at once
+//    (Note [rows in flight]). hidden 4096 bf16: rms_norm 512 threads x 1 pack x 4 rows,
+//    fused_add_rms_norm 256 threads x 2 packs x 1 row (measured best of each); up to 2048 packs
+//    (hidden 16384 bf16, 8192 f32). Needs 16-byte aligned pointers, hidden and row strides
+//    multiples of the pack and w contiguous (the predicate returns the reason otherwise).
 //  - cuda (priority 100): any layout the op's check accepts. One block per row, scalar loads, two
 //    passes over the row (the second pass hits L1/L2).
 //  Both accumulate in f32 and round once at the end; int64 indexing throughout (row * row_stride);
@@ -77,56 +79,91 @@ template <class T, bool kFused> __device__ __forceinline__ RowPtrs<T> row_ptrs(c
   return p;
 }
 
-template <class T, bool kFused>
-__device__ __forceinline__ Pack<T> load_input_pack(const RowPtrs<T>& p, int col) {
-  Pack<T> x = load_pack(p.x + col);
-  if constexpr (kFused) {
-    x = rounded_sum(x, load_pack(p.r + col));
-    store_pack(p.s + col, x);
-  }
-  return x;
-}
-
-// `threads` threads per row (Note [register-resident row]); blockDim.x / threads rows per block.
-template <class T, int K, bool kFused>
+// `threads` threads per row (Note [register-resident row]); blockDim.x / threads row slots per
+// block, and each slot takes R rows at once (Note [rows in flight]), so a block step covers
+// R * blockDim.x / threads rows.
+template <class T, int K, int R, bool kFused>
 __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(FwdArgs<T> a, int threads) {
   constexpr int N = Pack<T>::n;
-  __shared__ float scratch[32];
+  __shared__ float scratch[R * 32];
   const int n_packs = int(a.hidden / N);
-  const int rows_per_block = blockDim.x / threads;
+  const int slots = blockDim.x / threads;
   const int t = threadIdx.x % threads;
   Pack<T> wp[K];  // w stays in registers for every row this thread visits
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (t + k * threads < n_packs) wp[k] = load_pack_readonly(a.w + (t + k * threads) * N);
-  const int64_t step = int64_t(gridDim.x) * rows_per_block;
+  const int64_t rows_per_step = int64_t(slots) * R;
+  const int64_t step = int64_t(gridDim.x) * rows_per_step;
   // The loop bound is block-uniform so that every lane reaches the shuffles and barriers.
-  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows; base += step) {
-    const int64_t row = base + threadIdx.x / threads;
-    const bool live = row < a.rows;
-    const RowPtrs<T> p = row_ptrs<T, kFused>(a, live ? row : 0);
-    Pack<T> xp[K];
-    float sum_sq = 0.0f;
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_step; base < a.rows; base += step) {
+    Pack<T> xp[R][K];
+    Pack<T> rp[kFused ? R : 1][K];
+    float sum_sq[R];
+    // Every load of the R rows is issued before the first store (s may alias the residual, so a
+    // store between them would order the loads of the next row after it).
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = t + k * threads;
-      if (live && i < n_packs) {
-        xp[k] = load_input_pack<T, kFused>(p, i * N);
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;
+      const bool live = row < a.rows;
+      const RowPtrs<T> p = row_ptrs<T, kFused>(a, live ? row : 0);
 #pragma unroll
-        for (int j = 0; j < N; ++j) sum_sq += to_f32(xp[k].v[j]) * to_f32(xp[k].v[j]);
+      for (int k = 0; k < K; ++k) {
+        const int i = t + k * threads;
+        if (live && i < n_packs) {
+          xp[r][k] = load_pack(p.x + i * N);
+          if constexpr (kFused) rp[r][k] = load_pack(p.r + i * N);
+        }
       }
     }
-    sum_sq = threads > 32 ? block_sum(sum_sq, scratch) : lane_group_sum(sum_sq, threads);
-    const float rstd = rstd_from(sum_sq, a);
+    if constexpr (kFused) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = t + k * threads;
-      if (live && i < n_packs) {
-        Pack<T> out;
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;
+        const bool live = row < a.rows;
+        const RowPtrs<T> p = row_ptrs<T, kFused>(a, live ? row : 0);
 #pragma unroll
-        for (int j = 0; j < N; ++j)
-          out.v[j] = from_f32<T>(to_f32(xp[k].v[j]) * rstd * (to_f32(wp[k].v[j]) + a.offset));
-        store_pack(p.y + i * N, out);
+        for (int k = 0; k < K; ++k) {
+          const int i = t + k * threads;
+          if (live && i < n_packs) {
+            xp[r][k] = rounded_sum(xp[r][k], rp[r][k]);
+            store_pack(p.s + i * N, xp[r][k]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;
+      sum_sq[r] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (row < a.rows && t + k * threads < n_packs)
+#pragma unroll
+          for (int j = 0; j < N; ++j) sum_sq[r] += to_f32(xp[r][k].v[j]) * to_f32(xp[r][k].v[j]);
+    }
+    if (threads > 32) {
+      block_sum_n<R>(sum_sq, scratch);
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) sum_sq[r] = lane_group_sum(sum_sq[r], threads);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;
+      const bool live = row < a.rows;
+      const float rstd = rstd_from(sum_sq[r], a);
+      const RowPtrs<T> p = row_ptrs<T, kFused>(a, live ? row : 0);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = t + k * threads;
+        if (live && i < n_packs) {
+          Pack<T> out;
+#pragma unroll
+          for (int j = 0; j < N; ++j)
+            out.v[j] = from_f32<T>(to_f32(xp[r][k].v[j]) * rstd * (to_f32(wp[k].v[j]) + a.offset));
+          store_pack(p.y + i * N, out);
+        }
       }
     }
   }
@@ -139,13 +176,40 @@ template <class T, bool kFused> void launch_rows(const Context& ctx, const FwdAr
   check_launch(kFused ? "fused_add_rms_norm_cuda kernel launch" : "rms_norm_cuda kernel launch");
 }
 
+// Note [rows in flight]: a block of one row's threads reading one 16-byte pack per thread keeps
+// too few bytes in flight to cover the memory latency (4 blocks of 512 threads on an SM: 32 KB,
+// and none while the block reduces). Each thread therefore loads its packs of R rows (same
+// columns) before reducing them together: R times the bytes in flight, one barrier pair per R
+// rows, and w loaded once per thread. R shrinks for few rows so that small problems still spread
+// over the SMs: R = 4 from 4 rows per SM, 2 from 2 rows per SM, else 1 (and 2 at most when a
+// thread holds K = 2 packs of a row). max_rows_at_once() and fwd_max_threads() in cuda_common.cuh
+// hold the measured choices per op.
+inline int rows_at_once(const Context& ctx, int64_t rows, int k, bool fused) {
+  const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
+  const int r = rows >= 4 * sms ? 4 : rows >= 2 * sms ? 2 : 1;
+  return std::min({r, 4 / k, max_rows_at_once(fused, false)});
+}
+
+template <class T, int K, int R, bool kFused>
+void launch_vec_r(const Context& ctx, const FwdArgs<T>& a, const RowShape& s) {
+  const unsigned grid = grid_for(a.rows, int64_t(s.rows_per_block) * R);
+  rms_norm_vec_kernel<T, K, R, kFused><<<grid, s.block, 0, stream_of(ctx)>>>(a, s.threads);
+}
+
 template <class T, bool kFused> void launch_vec(const Context& ctx, const FwdArgs<T>& a) {
-  const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kFwdMaxThreads, 256);
-  const unsigned grid = grid_for(a.rows, s.rows_per_block);
-  cudaStream_t stream = stream_of(ctx);
-  switch (s.k) {
-    case 1: rms_norm_vec_kernel<T, 1, kFused><<<grid, s.block, 0, stream>>>(a, s.threads); break;
-    default: rms_norm_vec_kernel<T, 2, kFused><<<grid, s.block, 0, stream>>>(a, s.threads); break;
+  const int64_t n_packs = a.hidden / Pack<T>::n;
+  const int cap = fwd_max_threads(kFused);
+  const int max_threads = n_packs <= 2 * cap ? cap : kFwdMaxThreads;
+  const RowShape s = register_row_shape(n_packs, max_threads, 256);
+  // Short rows already share a block (many rows per block step).
+  const int r = s.rows_per_block > 1 ? 1 : rows_at_once(ctx, a.rows, s.k, kFused);
+  if (s.k == 1) {
+    if (r == 4) launch_vec_r<T, 1, 4, kFused>(ctx, a, s);
+    else if (r == 2) launch_vec_r<T, 1, 2, kFused>(ctx, a, s);
+    else launch_vec_r<T, 1, 1, kFused>(ctx, a, s);
+  } else {
+    if (r == 2) launch_vec_r<T, 2, 2, kFused>(ctx, a, s);
+    else launch_vec_r<T, 2, 1, kFused>(ctx, a, s);
   }
   check_launch(kFused ? "fused_add_rms_norm_cuda_vec16 kernel launch"
                       : "rms_norm_cuda_vec16 kernel launch");
@@ -265,7 +329,8 @@ void register_norm_cuda(Registry& reg) {
     return d;
   };
   const char* bwd_vec_summary =
-      "16-byte packs in registers, per-block f32 dw partials reduced in fixed order";
+      "16-byte packs in registers; one cooperative launch, per-block f32 dw partials reduced in "
+      "fixed order after a grid barrier";
   const char* bwd_scalar_summary =
       "any layout: scalar loads, per-block f32 dw partials reduced in fixed order";
   reg.add_kernel<RmsNormBackward>(bwd_desc("cuda_vec16", 200, bwd_vec_summary),

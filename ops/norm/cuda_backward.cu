@@ -6,19 +6,21 @@
 // dx = dresidual = that + ds.
 //
 // Technique.
-//  - Note [deterministic dw]: the grid is a fixed number of blocks G (from the SM count, at least
-//    4 rows per block), block b owns the row chunk [b*C, (b+1)*C). Each block accumulates its dw in
+//  - Note [deterministic dw]: the grid is a fixed number of blocks G (from the SM count and the
+//    kernel's occupancy), block b owns the row chunk [b*C, (b+1)*C). Each block accumulates its dw in
 //    f32 (registers in vec16, its own workspace row in the scalar kernel) and writes one row of
-//    partials [G, hidden] to the per-stream workspace (Note [cuda workspace]); a second kernel sums
-//    the G partials of each column in index order and rounds once. No float atomics: the bits
-//    depend only on the inputs and the device's SM count.
+//    partials [G, hidden] to the per-stream workspace (Note [cuda workspace]); the partials of each
+//    column are then summed in a fixed order and rounded once (by a second kernel after the scalar
+//    kernel, after a grid barrier inside the vec16 kernel). No float atomics: the bits
+//    depend only on the inputs, the device's SM count and the kernel's occupancy (fixed per build).
 //  - cuda_vec16 (priority 200): Note [register-resident row] with up to 512 threads x 2 packs of
-//    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row; the two row sums (sum x^2, sum m*x)
-//    reduced together as a float2 (Note [cuda reductions]); w held in registers for the whole chunk.
+//    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row
+//    (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
 //  is allocated only on the first call with a larger shape.
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 
 #include "ops/norm/cuda_common.cuh"
@@ -164,11 +166,30 @@ __device__ __forceinline__ void store_dx_pack(const BwdRow<T>& p, int col, const
   if constexpr (kFused) store_pack(p.dr + col, out);
 }
 
-template <class T, int K, bool kFused>
-__global__ void __launch_bounds__(512) rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial,
-                                                               int64_t rows_per_block) {
+// Note [one-launch dw]: the vec16 kernel is launched cooperatively (every block resident). Phase 1:
+// block b runs its row chunk, keeping its dw in registers, and writes them as row b of partials
+// [G, hidden]. A grid barrier (Note [grid barrier]). Phase 2: block b sums the G partials of its
+// slice of ceil(hidden / G) columns, each column in a fixed order (threads stride over the
+// partials, then a fixed-order sum of their results in shared memory), and writes dw. One launch
+// instead of two; G is at least hidden / threads so that phase 2 gives each thread a handful of
+// independent loads.
+//
+// Note [rows in flight, backward]: the kernel can load its packs of R rows (x, dy and the
+// residual) before reducing them together, as the forward does (Note [rows in flight] in cuda.cu),
+// but one row at a time is the measured best, so R = 1 unless OPFORGE_CUDA_NORM_ROWS asks for
+// more. At R = 1 two 512-thread blocks share an SM (64 registers); at R >= 2 the x, dy, w values,
+// their f32 copies and the dw accumulators need more than 64 registers (at that cap the kernel
+// spilled and ran at a third of the speed), so it runs one block per SM, whose load phases no
+// other block covers. H200, 16384 x 4096 bf16, % of copy for rms_norm_backward / fused: R = 1
+// 69% / 82%, R = 2 48% / 65%, R = 4 51% / (spills, not run). Prefetching the next row while
+// reducing the current one was also slower (65% / 79%).
+template <class T, int K, int R, bool kFused>
+__global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
+    rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, unsigned* barrier,
+                            T* dw_out, int64_t dw_stride) {
   constexpr int N = Pack<T>::n;
-  __shared__ float2 scratch[32];
+  __shared__ float scratch[2 * R * 32];
+  __shared__ float slice[kBwdMaxThreads];
   const int n_packs = int(a.hidden / N);
   const int threads = blockDim.x;
   Pack<T> wp[K];
@@ -182,30 +203,53 @@ __global__ void __launch_bounds__(512) rms_norm_bwd_vec_kernel(BwdArgs<T> a, flo
   }
   const int64_t first = int64_t(blockIdx.x) * rows_per_block;
   const int64_t last = min(a.rows, first + rows_per_block);
-  for (int64_t row = first; row < last; ++row) {
-    const BwdRow<T> p = bwd_row<T, kFused>(a, row);
-    Pack<T> xp[K], gp[K];
-    float2 sums = make_float2(0.0f, 0.0f);
+  for (int64_t base = first; base < last; base += R) {  // block-uniform
+    Pack<T> xp[R][K], gp[R][K];
+    Pack<T> rp[kFused ? R : 1][K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * threads;
-      if (i < n_packs) {
-        xp[k] = input_pack<T, kFused>(p, i * N);
-        gp[k] = load_pack(p.dy + i * N);
+    for (int r = 0; r < R; ++r) {
+      const bool live = base + r < last;
+      const BwdRow<T> p = bwd_row<T, kFused>(a, live ? base + r : first);
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float v = to_f32(xp[k].v[j]);
-          sums.x += v * v;
-          sums.y += to_f32(gp[k].v[j]) * (to_f32(wp[k].v[j]) + a.offset) * v;
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (live && i < n_packs) {
+          xp[r][k] = load_pack(p.x + i * N);
+          gp[r][k] = load_pack(p.dy + i * N);
+          if constexpr (kFused) rp[r][k] = load_pack(p.r + i * N);
         }
       }
     }
-    const float2 scale = row_scales(block_sum2(sums, scratch), a);
+    float sums[2 * R];  // (sum x^2, sum m*x) of each row
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * threads;
-      if (i < n_packs)
-        store_dx_pack<T, kFused>(p, i * N, xp[k], gp[k], wp[k], a.offset, scale, dw[k]);
+    for (int r = 0; r < R; ++r) {
+      sums[2 * r] = sums[2 * r + 1] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (base + r < last && i < n_packs) {
+          if constexpr (kFused) xp[r][k] = rounded_sum(xp[r][k], rp[r][k]);
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float v = to_f32(xp[r][k].v[j]);
+            sums[2 * r] += v * v;
+            sums[2 * r + 1] += to_f32(gp[r][k].v[j]) * (to_f32(wp[k].v[j]) + a.offset) * v;
+          }
+        }
+      }
+    }
+    block_sum_n<2 * R>(sums, scratch);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (base + r >= last) continue;
+      const BwdRow<T> p = bwd_row<T, kFused>(a, base + r);
+      const float2 scale = row_scales(make_float2(sums[2 * r], sums[2 * r + 1]), a);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (i < n_packs)
+          store_dx_pack<T, kFused>(p, i * N, xp[r][k], gp[r][k], wp[k], a.offset, scale, dw[k]);
+      }
     }
   }
   float* dw_part = partial + int64_t(blockIdx.x) * a.hidden;
@@ -218,29 +262,102 @@ __global__ void __launch_bounds__(512) rms_norm_bwd_vec_kernel(BwdArgs<T> a, flo
         *reinterpret_cast<float4*>(dw_part + i * N + j) =
             make_float4(dw[k][j], dw[k][j + 1], dw[k][j + 2], dw[k][j + 3]);
   }
+
+  grid_barrier(barrier, gridDim.x);
+
+  const int64_t parts = gridDim.x;
+  const int64_t per_block = (a.hidden + parts - 1) / parts;
+  const int64_t c_begin = int64_t(blockIdx.x) * per_block;
+  const int64_t c_end = min(a.hidden, c_begin + per_block);
+  const int cw = int(per_block < threads ? per_block : int64_t(threads));  // columns at a time
+  const int ny = threads / cw;                                            // threads per column
+  const int cx = threadIdx.x % cw, py = threadIdx.x / cw;
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += cw) {  // block-uniform; one pass when G >= H / threads
+    const int64_t col = c0 + cx;
+    if (py < ny) {
+      float acc = 0.0f;
+      if (col < c_end)
+#pragma unroll 8
+        for (int64_t q = py; q < parts; q += ny) acc += __ldcg(partial + q * a.hidden + col);
+      slice[py * cw + cx] = acc;
+    }
+    __syncthreads();
+    if (threadIdx.x < cw && col < c_end) {
+      float sum = 0.0f;
+      for (int y = 0; y < ny; ++y) sum += slice[y * cw + threadIdx.x];
+      dw_out[col * dw_stride] = from_f32<T>(sum);
+    }
+    __syncthreads();
+  }
 }
 
 // ---- launchers -------------------------------------------------------------------------------------
+template <class T, int K, int R, bool kFused>
+void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, int block) {
+  auto kernel = rms_norm_bwd_vec_kernel<T, K, R, kFused>;
+  // Blocks of this instantiation that fit on one SM, cached per block size (a cooperative launch
+  // of more blocks than fit is refused).
+  static std::atomic<int> per_sm[kBwdMaxThreads / 32 + 1];
+  int fit = per_sm[block / 32].load(std::memory_order_relaxed);
+  if (fit == 0) {
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, block, 0));
+    fit = std::max(fit, 1);
+    per_sm[block / 32].store(fit, std::memory_order_relaxed);
+  }
+  const int64_t resident = int64_t(fit) * cuda_device_props(ctx.device.index).sm_count;
+  const int64_t steps = (a.rows + R - 1) / R;
+  const int64_t rows_per_block = (steps + resident - 1) / resident * R;
+  // Note [one-launch dw]: at least hidden / threads blocks (some without rows when rows are few).
+  const int64_t min_blocks = std::min(resident, (a.hidden + block - 1) / block);
+  const int64_t blocks = std::max((a.rows + rows_per_block - 1) / rows_per_block, min_blocks);
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, blocks * a.hidden * int64_t(sizeof(float))));
+  unsigned* barrier = cuda_grid_barrier(ctx);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(unsigned(block));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream_of(ctx);
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, a, partial, rows_per_block, barrier,
+                                                dw.ptr<T>(), int64_t(dw.stride(0)));
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // a refused launch is not an error of the next one
+    throw_cuda_error(kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
+                            : "rms_norm_backward_cuda_vec16 cooperative launch",
+                     status);
+  }
+}
+
 template <class T, bool kFused>
 void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, bool vec) {
   if (a.rows == 0) {  // dw = a sum over no rows
     launch_dw_reduce<T>(ctx, nullptr, 0, a.hidden, dw);
     return;
   }
-  const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
-  const int block = vec ? s.block : 256;
-  const Chunks c = dw_chunks(ctx, a.rows, block);
-  // Partials: 16-byte aligned rows (hidden is a multiple of the pack in vec16).
-  auto* partial = static_cast<float*>(cuda_workspace(ctx, c.blocks * a.hidden * int64_t(sizeof(float))));
   cudaStream_t stream = stream_of(ctx);
-  const unsigned grid = unsigned(c.blocks);
-  if (!vec) {
-    rms_norm_bwd_rows_kernel<T, kFused><<<grid, block, 0, stream>>>(a, partial, c.rows_per_block);
-  } else if (s.k == 1) {
-    rms_norm_bwd_vec_kernel<T, 1, kFused><<<grid, block, 0, stream>>>(a, partial, c.rows_per_block);
-  } else {
-    rms_norm_bwd_vec_kernel<T, 2, kFused><<<grid, block, 0, stream>>>(a, partial, c.rows_per_block);
+  if (vec) {
+    const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
+    // Note [rows in flight, backward].
+    const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
+    const int r = a.rows >= 4 * sms ? std::min(max_rows_at_once(kFused, true), 4 / s.k) : 1;
+    if (s.k == 1) {
+      if (r >= 4) launch_vec_coop<T, 1, 4, kFused>(ctx, a, dw, s.block);
+      else if (r == 2) launch_vec_coop<T, 1, 2, kFused>(ctx, a, dw, s.block);
+      else launch_vec_coop<T, 1, 1, kFused>(ctx, a, dw, s.block);
+    } else {
+      if (r >= 2) launch_vec_coop<T, 2, 2, kFused>(ctx, a, dw, s.block);
+      else launch_vec_coop<T, 2, 1, kFused>(ctx, a, dw, s.block);
+    }
+    return;
   }
+  const int block = 256;
+  const Chunks c = dw_chunks(ctx, a.rows, block);
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, c.blocks * a.hidden * int64_t(sizeof(float))));
+  rms_norm_bwd_rows_kernel<T, kFused><<<unsigned(c.blocks), block, 0, stream>>>(a, partial, c.rows_per_block);
   check_launch(kFused ? "fused_add_rms_norm_backward kernel launch"
                       : "rms_norm_backward kernel launch");
   launch_dw_reduce<T>(ctx, partial, c.blocks, a.hidden, dw);

@@ -2,6 +2,8 @@
 // kernel argument blocks, the register-resident row shape and the vec16 predicate pieces.
 #pragma once
 
+#include <cstdlib>
+
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/norm/norm_cuda.h"
 
@@ -66,8 +68,34 @@ inline RowShape register_row_shape(int64_t n_packs, int max_threads, int group_b
   return s;
 }
 
+// Note [rows in flight] (cuda.cu): how many rows a vec16 block step takes at once (R) and how many
+// threads a row gets at most (the rest of a long row goes to a second pack per thread). Measured on
+// an H200 at 16384 x 4096 bf16: rms_norm 512 threads x 4 rows (86% of copy; 1 row: 52%);
+// fused_add_rms_norm 256 threads x 2 packs x 1 row (91%; 512 x 1 x 2 rows: 85%, 4 rows spill:
+// 62%); the backward kernels 1 row (Note [rows in flight, backward] in cuda_backward.cu).
+// Tuning runs override R with OPFORGE_CUDA_NORM_ROWS=1|2|4 and the thread cap with
+// OPFORGE_CUDA_NORM_THREADS=64..1024 (forward).
+inline int env_choice(const char* name, int lo, int hi) {
+  const char* e = std::getenv(name);
+  if (!e) return 0;
+  const int n = std::atoi(e);
+  int v = lo;
+  while (v * 2 <= n && v * 2 <= hi) v *= 2;
+  return n >= lo ? v : 0;
+}
+inline int max_rows_at_once(bool fused, bool backward) {
+  static const int forced = env_choice("OPFORGE_CUDA_NORM_ROWS", 1, 4);
+  if (forced) return forced;
+  if (backward) return 1;
+  return fused ? 1 : 4;
+}
+
 inline constexpr int kFwdMaxThreads = 1024;  // forward: up to 2 * 1024 packs per row
 inline constexpr int kBwdMaxThreads = 512;   // backward: up to 2 * 512 packs (more live values)
+inline int fwd_max_threads(bool fused) {
+  static const int forced = env_choice("OPFORGE_CUDA_NORM_THREADS", 64, kFwdMaxThreads);
+  return forced ? forced : fused ? 256 : kFwdMaxThreads;
+}
 
 // Shared by the vec16 predicates: dtype, w contiguous and aligned, hidden a multiple of the pack.
 inline const char* vec16_common_problem(const TensorView& x, const TensorView& w, int64_t max_packs) {

@@ -18,6 +18,16 @@ void throw_cuda_error(const char* what, cudaError_t status) {
   throw Error(ErrorCode::backend, std::string(what) + " failed: " + cudaGetErrorString(status));
 }
 
+// Note [current stream].
+namespace {
+thread_local cudaStream_t t_current_stream = nullptr;
+}
+cudaStream_t current_stream() { return t_current_stream; }
+CurrentStreamScope::CurrentStreamScope(cudaStream_t s) : previous_(t_current_stream) {
+  t_current_stream = s;
+}
+CurrentStreamScope::~CurrentStreamScope() { t_current_stream = previous_; }
+
 }  // namespace cuda
 
 namespace {
@@ -130,12 +140,16 @@ Availability probe_once() {
 struct Workspace {
   void* data = nullptr;
   int64_t bytes = 0;
+  unsigned* barrier = nullptr;  // Note [grid barrier]: two words, zero between launches
 };
 struct WorkspaceCache {
   std::mutex mutex;
   std::map<std::pair<int, void*>, Workspace> buffers;
   ~WorkspaceCache() {
-    for (auto& [key, w] : buffers) cudaFree(w.data);  // at exit; errors ignored (driver may be gone)
+    for (auto& [key, w] : buffers) {  // at exit; errors ignored (driver may be gone)
+      cudaFree(w.data);
+      cudaFree(w.barrier);
+    }
   }
 };
 WorkspaceCache& workspace_cache() {
@@ -149,9 +163,84 @@ int64_t next_power_of_two(int64_t v) {
   return p;
 }
 
+// Note [graph timing]: perf mode's device timer. `batch` calls are captured into one CUDA graph on
+// a private stream (made current for the calls, Note [current stream]) and the graph is replayed
+// `reps` times between CUDA events; the median replay over `batch` is the time of one call. A
+// replay launches the kernels back to back with no host work between them, so even a 2 us kernel
+// is timed as the device runs it (kernel time plus the device's own launch gap), not as fast as the
+// host can enqueue it. Returns a negative value when the calls cannot be captured (they use another
+// stream, synchronize, or allocate), and the caller falls back to events around plain calls.
+// One timing stream per device, kept for the process (so per-stream workspaces are made once).
+cudaStream_t timing_stream() {
+  static std::mutex mutex;
+  static std::map<int, cudaStream_t> streams;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& s = streams[device];
+  if (!s && cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) s = nullptr;
+  return s;
+}
+
+double graph_median_us(void (*fn)(void*), void* arg, int batch, int reps) {
+  cudaStream_t stream = timing_stream();
+  if (!stream) {
+    cudaGetLastError();
+    return -1;
+  }
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  double result = -1;
+  try {
+    cuda::CurrentStreamScope scope(stream);
+    fn(arg);  // first call on this stream: per-stream workspaces are allocated outside the capture
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      for (int i = 0; i < batch; ++i) fn(arg);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    size_t nodes = 0;
+    check(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes");
+    if (nodes >= size_t(batch)) {  // every call launched its work on the captured stream
+      check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+      check(cudaEventCreate(&start), "cudaEventCreate");
+      check(cudaEventCreate(&stop), "cudaEventCreate");
+      for (int i = 0; i < 2; ++i) check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      std::vector<float> ms(size_t(std::max(reps, 1)));
+      for (float& t : ms) {
+        check(cudaEventRecord(start, stream), "cudaEventRecord");
+        check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+        check(cudaEventRecord(stop, stream), "cudaEventRecord");
+        check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+      }
+      std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+      result = double(ms[ms.size() / 2]) * 1000.0 / batch;
+    }
+  } catch (const std::exception&) {
+    result = -1;
+  }
+  cudaGetLastError();  // a refused capture is not an error of the next launch
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamSynchronize(stream);
+  return result;
+}
+
 double cuda_time_calls_us(void (*fn)(void*), void* arg, int warmup, int batch, int reps,
                           int device_index) {
-  return cuda_median_us(device_index, [fn, arg] { fn(arg); }, warmup, reps, batch);
+  cuda::DeviceGuard guard(device_index);
+  for (int i = 0; i < warmup; ++i) fn(arg);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  if (const double us = graph_median_us(fn, arg, batch, reps); us > 0) return us;
+  return cuda_median_us(device_index, [fn, arg] { fn(arg); }, 0, reps, batch);
 }
 
 std::string cuda_device_name(int device_index) {
@@ -233,7 +322,7 @@ const CudaDeviceProps& cuda_device_props(int device_index) {
 void* cuda_workspace(const Context& ctx, int64_t bytes) {
   WorkspaceCache& cache = workspace_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
-  Workspace& w = cache.buffers[{ctx.device.index, ctx.stream.handle}];
+  Workspace& w = cache.buffers[{ctx.device.index, static_cast<void*>(cuda::stream_of(ctx))}];
   if (w.bytes >= bytes) return w.data;
   cuda::DeviceGuard guard(ctx.device.index);
   if (w.data) {
@@ -246,6 +335,28 @@ void* cuda_workspace(const Context& ctx, int64_t bytes) {
   check(cudaMalloc(&w.data, size_t(size)), "cudaMalloc (workspace)");
   w.bytes = size;
   return w.data;
+}
+
+unsigned* cuda_grid_barrier(const Context& ctx) {
+  WorkspaceCache& cache = workspace_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  Workspace& w = cache.buffers[{ctx.device.index, static_cast<void*>(cuda::stream_of(ctx))}];
+  if (w.barrier) return w.barrier;
+  cuda::DeviceGuard guard(ctx.device.index);
+  void* p = nullptr;
+  check(cudaMalloc(&p, 2 * sizeof(unsigned)), "cudaMalloc (grid barrier)");
+  check(cudaMemset(p, 0, 2 * sizeof(unsigned)), "cudaMemset (grid barrier)");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (grid barrier)");
+  w.barrier = static_cast<unsigned*>(p);
+  return w.barrier;
+}
+
+double cuda_graph_median_us(int device_index, const std::function<void()>& fn, int repeats,
+                            int calls_per_sample) {
+  cuda::DeviceGuard guard(device_index);
+  auto call = [](void* p) { (*static_cast<const std::function<void()>*>(p))(); };
+  return graph_median_us(call, const_cast<std::function<void()>*>(&fn), std::max(calls_per_sample, 1),
+                         repeats);
 }
 
 int64_t cuda_free_memory_bytes(int device_index) {

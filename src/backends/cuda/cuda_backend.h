@@ -47,7 +47,8 @@ struct CudaDeviceProps {
 const CudaDeviceProps& cuda_device_props(int device_index);
 
 // Note [cuda workspace]: scratch device memory for kernels that need a second pass (the
-// deterministic dw reduction of the norm backward kernels). One buffer per (device, stream),
+// deterministic dw reduction of the norm backward kernels). One buffer per (device, stream) (the
+// stream a launch would use, Note [current stream] in cuda_launch.cuh),
 // allocated on first use and grown (to the next power of two) when a call needs more; never shrunk,
 // released at process exit. Calls on one stream are ordered, so they may share the buffer; calls on
 // different streams get different buffers. Growing synchronizes the stream before freeing the old
@@ -55,6 +56,12 @@ const CudaDeviceProps& cuda_device_props(int device_index);
 // mutex-guarded lookup only. Do the first call outside CUDA graph capture (cudaMalloc cannot be
 // captured); later calls capture fine.
 void* cuda_workspace(const Context& ctx, int64_t bytes);
+
+// Note [grid barrier]: a zeroed word of device memory per (device, stream) for kernels that
+// launch cooperatively and meet at a grid-wide barrier (cuda_launch.cuh); each barrier leaves its
+// low bits as it found them, so launches in stream order (graph replays too) share it. Allocated on
+// the first call (outside graph capture), never freed before exit.
+unsigned* cuda_grid_barrier(const Context& ctx);
 
 // Free device memory in bytes (cudaMemGetInfo), for tests that need to skip huge cases.
 int64_t cuda_free_memory_bytes(int device_index);
@@ -66,5 +73,11 @@ int64_t cuda_free_memory_bytes(int device_index);
 // harness has its own timer.
 double cuda_median_us(int device_index, const std::function<void()>& fn, int warmup, int repeats,
                       int calls_per_sample = 1);
+
+// The same with the calls captured in a CUDA graph and replayed (Note [graph timing] in
+// cuda_backend.cu): the device's time per call without host enqueue gaps. Negative when the calls
+// cannot be captured (they synchronize, allocate, or launch on a stream other than the current one).
+double cuda_graph_median_us(int device_index, const std::function<void()>& fn, int repeats,
+                            int calls_per_sample = 20);
 
 }  // namespace opforge

@@ -36,8 +36,23 @@ inline void check_launch(const char* kernel) {
 }
 
 // ---- stream and device ---------------------------------------------------------------------------
+// Note [current stream]: a Context whose stream handle is null means the calling thread's current
+// stream: the legacy default stream unless a CurrentStreamScope on this thread names another (the
+// device timer does so to capture calls into a CUDA graph). An explicit handle always wins.
+cudaStream_t current_stream();
+class CurrentStreamScope {
+ public:
+  explicit CurrentStreamScope(cudaStream_t s);
+  ~CurrentStreamScope();
+  CurrentStreamScope(const CurrentStreamScope&) = delete;
+  CurrentStreamScope& operator=(const CurrentStreamScope&) = delete;
+
+ private:
+  cudaStream_t previous_;
+};
+
 inline cudaStream_t stream_of(const Context& ctx) {
-  return reinterpret_cast<cudaStream_t>(ctx.stream.handle);
+  return ctx.stream.handle ? reinterpret_cast<cudaStream_t>(ctx.stream.handle) : current_stream();
 }
 
 // Makes ctx.device current for the scope of a launch and restores the caller's device after.
@@ -148,6 +163,41 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* scratch) {
   v = warp_sum2(v);
   __syncthreads();
   return v;
+}
+
+// Sums N values at once over the whole block (blockDim.x a multiple of 32, at most 1024): one
+// butterfly per value, one barrier pair for all N. `scratch` holds N * 32 floats of shared memory.
+// Same fixed order as block_sum, so every thread gets the same bits.
+template <int N> __device__ __forceinline__ void block_sum_n(float (&v)[N], float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = group_sum<32>(v[i]);
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < N; ++i) scratch[i * 32 + warp] = v[i];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = group_sum<32>(lane < n_warps ? scratch[i * 32 + lane] : 0.0f);
+  __syncthreads();
+}
+
+// Note [grid barrier]: every block of a cooperative launch (cudaLaunchAttributeCooperative, so all
+// blocks are resident) waits here until all have arrived; writes before it are visible to every
+// block after it (read them with __ldcg: L1 is not coherent). `state` is cuda_grid_barrier(ctx).
+// One atomic per block: block 0 adds 2^31 - (blocks - 1) and every other block 1, so the top bit
+// of the word flips once all have arrived and the low bits come back to where they were (the
+// word needs no reset, whatever the grid size of the next launch).
+__device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
+  __threadfence();  // this thread's writes, before the block's arrival is announced
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
+    const unsigned before = atomicAdd(state, add);
+    volatile unsigned* word = state;
+    while (((before ^ *word) & 0x80000000u) == 0) __nanosleep(20);
+    __threadfence();
+  }
+  __syncthreads();
 }
 
 // ---- dtype dispatch ------------------------------------------------------------------------------

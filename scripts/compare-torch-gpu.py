@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""opforge's CUDA kernels side by side with PyTorch (eager and torch.compile) on the same card.
+
+For rms_norm, fused_add_rms_norm and silu_and_mul in bf16 (hidden 4096, intermediate 14336) at
+16 / 1024 / 16384 tokens:
+  - opforge: `opforge bench <ops> --backend cuda --dtype bf16 --group large --json` (perf mode:
+    Note [graph timing] in src/backends/cuda/cuda_backend.cu: 20 calls captured in a CUDA graph,
+    the median over replays timed with CUDA events), or an existing bench JSON (--bench-json);
+    the fastest CUDA kernel of each case is shown;
+  - torch eager and torch.compile of the same math, timed the same way: 20 calls captured in a
+    torch.cuda.CUDAGraph, median of many replays between CUDA events, divided by 20. A second
+    table gives torch timed without a graph (events around 20 back-to-back calls), where host
+    overhead shows at small sizes.
+Writes a markdown table (µs and ratios) to --out and prints it.
+
+Run on the GPU machine from the repository root after building build-gpu/ (scripts/gpu-check.sh
+does both). Needs torch with CUDA.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+BATCH = 20
+TOKENS = (16, 1024, 16384)
+HIDDEN = 4096
+INTER = 14336
+EPS = 1e-6
+
+
+def opforge_times(args):
+    """{(op, tokens): (impl, us)} from opforge's bench JSON (fastest CUDA kernel of each case)."""
+    path = args.bench_json
+    if not path:
+        path = os.path.join(args.out_dir, "compare-opforge-bench.json")
+        cmd = [args.opforge, "bench", "rms_norm", "fused_add_rms_norm", "silu_and_mul",
+               "--backend", "cuda", "--dtype", "bf16", "--group", "large", "--json", path]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(path) as f:
+        doc = json.load(f)
+    best = {}
+    for r in doc["results"]:
+        if r["mode"] != "perf" or r["status"] != "pass" or r["dtype"] != "bf16":
+            continue
+        if not r["device"].startswith("cuda") or r["median_us"] <= 0:
+            continue
+        case = r["case"]  # t<tokens>xh4096 or t<tokens>xi14336
+        if not case.startswith("t") or "x" not in case:
+            continue
+        try:
+            tokens = int(case[1:case.index("x")])
+        except ValueError:
+            continue
+        key = (r["op"], tokens)
+        if key not in best or r["median_us"] < best[key][1]:
+            best[key] = (r["impl"], r["median_us"])
+    return best, doc.get("cuda_copy_gbps", 0.0), doc.get("cuda_device", "")
+
+
+def torch_cases(torch):
+    F = torch.nn.functional
+
+    def rms_norm_eager(x, w):
+        return F.rms_norm(x, (x.shape[-1],), w, EPS)
+
+    def rms_norm_math(x, w):  # vLLM's formulation, for torch.compile
+        xf = x.float()
+        var = xf.pow(2).mean(-1, keepdim=True)
+        return (xf * torch.rsqrt(var + EPS)).to(x.dtype) * w
+
+    def fused_eager(x, r, w):
+        s = x + r
+        return F.rms_norm(s, (s.shape[-1],), w, EPS), s
+
+    def fused_math(x, r, w):
+        s = x + r
+        sf = s.float()
+        var = sf.pow(2).mean(-1, keepdim=True)
+        return (sf * torch.rsqrt(var + EPS)).to(x.dtype) * w, s
+
+    def silu_and_mul(x):
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+    def make(op, tokens):
+        g = torch.Generator(device="cuda").manual_seed(tokens)
+        dev, bf16 = "cuda", torch.bfloat16
+        if op == "silu_and_mul":
+            x = torch.randn(tokens, 2 * INTER, device=dev, dtype=bf16, generator=g)
+            return (x,), silu_and_mul, silu_and_mul, 3 * tokens * INTER * 2
+        x = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16, generator=g)
+        w = torch.rand(HIDDEN, device=dev, dtype=bf16, generator=g) + 0.5
+        if op == "rms_norm":
+            return (x, w), rms_norm_eager, rms_norm_math, 2 * tokens * HIDDEN * 2 + HIDDEN * 2
+        r = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16, generator=g)
+        return (x, r, w), fused_eager, fused_math, 4 * tokens * HIDDEN * 2 + HIDDEN * 2
+
+    return make
+
+
+def time_graph_us(torch, fn, args, reps):
+    """Median µs per call: BATCH calls captured in a CUDA graph, replays timed with events."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(BATCH):
+            fn(*args)
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) * 1000.0 / BATCH)
+    return statistics.median(samples)
+
+
+def time_stream_us(torch, fn, args, reps):
+    """Median µs per call: events around BATCH back-to-back calls (host overhead included)."""
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(BATCH):
+            fn(*args)
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) * 1000.0 / BATCH)
+    return statistics.median(samples)
+
+
+def fmt(v):
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def ratio(a, b):
+    return "n/a" if a is None or b is None or b <= 0 else f"{a / b:.2f}x"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--opforge", default="build-gpu/bin/opforge")
+    ap.add_argument("--bench-json", help="reuse an opforge bench JSON instead of running the bench")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "out"), "compare-torch.md"))
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    args.out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(args.out_dir, exist_ok=True)
+
+    import torch  # noqa: E402 (after argparse: --help works without torch)
+    if not torch.cuda.is_available():
+        sys.exit("torch sees no CUDA device")
+    ours, copy_gbps, card = opforge_times(args)
+    make = torch_cases(torch)
+
+    rows, stream_rows = [], []
+    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul"):
+        for tokens in TOKENS:
+            inputs, eager, math, nbytes = make(op, tokens)
+            compiled = torch.compile(math, dynamic=False)
+            res = {}
+            for name, fn in (("eager", eager), ("compile", compiled)):
+                try:
+                    res[name] = time_graph_us(torch, fn, inputs, args.reps)
+                except Exception as e:  # noqa: BLE001 (a failed capture is reported, not fatal)
+                    print(f"{op} t{tokens} {name}: graph timing failed: {e}", file=sys.stderr)
+                    res[name] = None
+                try:
+                    res[name + "_stream"] = time_stream_us(torch, fn, inputs, args.reps)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{op} t{tokens} {name}: timing failed: {e}", file=sys.stderr)
+                    res[name + "_stream"] = None
+            impl, us = ours.get((op, tokens), (None, None))
+            pct = (nbytes / (us * 1e-6) / 1e9 / copy_gbps * 100) if us and copy_gbps else None
+            rows.append(f"| {op} | {tokens} | {fmt(us)} ({impl or '-'}) | "
+                        f"{'n/a' if pct is None else f'{pct:.0f}%'} | {fmt(res['eager'])} | "
+                        f"{fmt(res['compile'])} | {ratio(res['eager'], us)} | {ratio(res['compile'], us)} |")
+            stream_rows.append(f"| {op} | {tokens} | {fmt(res['eager_stream'])} | {fmt(res['compile_stream'])} |")
+            print(rows[-1], flush=True)
+            torch.cuda.empty_cache()
+
+    name = torch.cuda.get_device_name(0)
+    text = "\n".join([
+        f"# opforge vs torch on {name} (torch {torch.__version__})",
+        "",
+        f"bf16, hidden {HIDDEN}, intermediate {INTER}. Every number: median µs per call of {BATCH} calls "
+        f"captured in one CUDA graph, replays timed with CUDA events. opforge from `opforge bench` "
+        f"(perf mode, same timing; fastest CUDA kernel of the case; copy ceiling of that run "
+        f"{copy_gbps:.0f} GB/s on {card or name}). torch eager: F.rms_norm / F.silu(a) * b; "
+        f"torch.compile: vLLM's formulation compiled (default mode). Ratio > 1: opforge is faster.",
+        "",
+        "| op | tokens | opforge µs (kernel) | opforge % copy | torch eager µs | torch.compile µs | eager / opforge | compile / opforge |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"torch without a graph (events around {BATCH} back-to-back calls; host overhead shows at small sizes):",
+        "",
+        "| op | tokens | torch eager µs | torch.compile µs |",
+        "|---|---|---|---|",
+        *stream_rows,
+        "",
+    ])
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
