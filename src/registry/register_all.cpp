@@ -3,6 +3,7 @@
 #include "opforge/registry.h"
 #include "ops/activation/activation.h"
 #include "ops/norm/norm.h"
+#include "ops/rotary/rotary.h"
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -15,6 +16,7 @@ void register_cuda_placeholders(Registry& reg);  // src/backends/without_cuda.cp
 void register_all(Registry& reg) {
   register_norm(reg);
   register_activation(reg);
+  register_rotary(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);
