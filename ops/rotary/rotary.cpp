@@ -87,11 +87,11 @@ void check_apply_rotary(const char* op, const char* out_arg, const char* in_arg,
     expect_rows_uniform(op, arg, *t);
     expect_same_device(op, arg, *t, in_arg, x);
   }
-  expect_same_shape(op, "sin", sin, "cos", cos);
   const int64_t half = cos.size(1);
   if (half <= 0 || 2 * half > x.size(2))
     throw_argument_error(op, "cos", "a last dim in [1, head_size / 2] (head_size " + std::to_string(x.size(2)) + ")",
                          cos.shape_of().str());
+  expect_same_shape(op, "sin", sin, "cos", cos);
   expect_defined(op, out_arg, out);
   expect_same_dtype(op, out_arg, out, in_arg, x);
   expect_same_shape(op, out_arg, out, in_arg, x);
