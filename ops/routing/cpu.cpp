@@ -95,8 +95,12 @@ void scores(const float* x, float* s, int64_t n, bool sigmoid) {
     });
     return;
   }
-  float max = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) max = x[i] > max ? x[i] : max;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  VF vm = hn::Set(d, -INFINITY);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) vm = hn::Max(vm, hn::LoadU(d, x + i));
+  float max = hn::GetLane(hn::MaxOfLanes(d, vm));
+  for (; i < n; ++i) max = x[i] > max ? x[i] : max;
   const VF vmax = hn::Set(d, max);
   const float sum = sum_over(n, [&](int64_t i, size_t count, VF& acc) {
     VF e = hn::Exp(d, hn::Sub(load_n(x + i, count), vmax));
