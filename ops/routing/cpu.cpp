@@ -12,6 +12,8 @@
 //   O(E) per token for small k (E = 128, k = 8: ~130 compares). Group scores and the kept groups
 //   use the same insertion. Ties follow Note [routing ties]: candidates are visited in
 //   ascending id and only a strictly larger key moves ahead, as in the reference.
+// - Without a bias the keys are the logits, so the softmax division is done for the k selected
+//   experts only, and group scores are skipped when every group is kept (topk_softmax).
 // - OpenMP over tasks of tokens, tokens per task from capacity_block (Note [tiling]); the bias is
 //   widened to f32 once per task.
 #undef HWY_TARGET_INCLUDE
@@ -84,8 +86,9 @@ template <class T> void widen_row(const T* src, float* dst, int64_t n) {
   for_each_vector(n, [&](int64_t i, size_t count) { store_n(load_n(src + i, count), dst + i, count); });
 }
 
-// s = softmax(x) or sigmoid(x) over n lanes.
-void scores(const float* x, float* s, int64_t n, bool sigmoid) {
+// s = sigmoid(x), or the softmax numerators exp(x - max) with their sum returned (1 for sigmoid);
+// `normalize` divides them by it here (needed when every score feeds a key).
+float scores(const float* x, float* s, int64_t n, bool sigmoid, bool normalize) {
   const DF d;
   if (sigmoid) {
     const VF one = hn::Set(d, 1.0f);
@@ -93,7 +96,7 @@ void scores(const float* x, float* s, int64_t n, bool sigmoid) {
       const VF e = hn::Exp(d, hn::Neg(load_n(x + i, count)));
       store_n(hn::Div(one, hn::Add(one, e)), s + i, count);
     });
-    return;
+    return 1.0f;
   }
   const int64_t lanes = int64_t(hn::Lanes(d));
   VF vm = hn::Set(d, -INFINITY);
@@ -108,8 +111,10 @@ void scores(const float* x, float* s, int64_t n, bool sigmoid) {
     store_n(e, s + i, count);
     acc = hn::Add(acc, e);
   });
+  if (!normalize) return sum;
   const VF vsum = hn::Set(d, sum);
   for_each_vector(n, [&](int64_t i, size_t count) { store_n(hn::Div(load_n(s + i, count), vsum), s + i, count); });
+  return 1.0f;
 }
 
 // Sum of the two largest of v[0, n).
@@ -134,7 +139,8 @@ void route_token(const RoutingPlan& p, Scratch& w, int64_t t) {
     case DType::f16: widen_row(static_cast<const f16_t*>(row), w.x, E); break;
     default: widen_row(static_cast<const float*>(row), w.x, E); break;
   }
-  scores(w.x, w.s, E, p.sigmoid);
+  // Without a bias only the selected scores are used: their softmax division waits until then.
+  const float denominator = scores(w.x, w.s, E, p.sigmoid, p.bias != nullptr);
   const float* keys = w.x;  // Note [routing ties]: logits rank like scores
   if (p.bias) {
     for_each_vector(E, [&](int64_t i, size_t count) {
@@ -142,15 +148,15 @@ void route_token(const RoutingPlan& p, Scratch& w, int64_t t) {
     });
     keys = w.keys;
   }
-  // Kept groups.
-  for (int64_t g = 0; g < G; ++g) {
-    const float* k = keys + g * group_size;
-    float best = -INFINITY;
-    for (int64_t e = 0; e < group_size; ++e) best = k[e] > best ? k[e] : best;
-    w.group_scores[g] = p.bias ? top2_sum(k, group_size) : best;
-    w.group_kept[g] = G == p.topk_group;
-  }
+  // Kept groups (all of them when topk_group == G, as in topk_softmax).
+  for (int64_t g = 0; g < G; ++g) w.group_kept[g] = G == p.topk_group;
   if (G != p.topk_group) {
+    for (int64_t g = 0; g < G; ++g) {
+      const float* k = keys + g * group_size;
+      float best = -INFINITY;
+      for (int64_t e = 0; e < group_size; ++e) best = k[e] > best ? k[e] : best;
+      w.group_scores[g] = p.bias ? top2_sum(k, group_size) : best;
+    }
     TopK groups{w.group_keys, w.group_ids, p.topk_group};
     for (int64_t g = 0; g < G; ++g) groups.offer(w.group_scores[g], int32_t(g));
     for (int64_t j = 0; j < groups.count; ++j) w.group_kept[w.group_ids[j]] = true;
@@ -161,15 +167,16 @@ void route_token(const RoutingPlan& p, Scratch& w, int64_t t) {
     if (!w.group_kept[g]) continue;
     for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) top.offer(keys[e], int32_t(e));
   }
+  for (int64_t j = 0; j < top.count; ++j) w.top_keys[j] = w.s[top.ids[j]] / denominator;  // the scores
   float sum = 0;
-  for (int64_t j = 0; j < top.count; ++j) sum += w.s[top.ids[j]];
+  for (int64_t j = 0; j < top.count; ++j) sum += w.top_keys[j];
   const float scale = (p.renormalize ? 1.0f / sum : 1.0f) * float(p.scaling);
   float* weights = p.weights + t * p.weights_stride;
   int32_t* ids = p.ids + t * p.ids_stride;
   for (int64_t j = 0; j < p.topk; ++j) {
     const bool found = j < top.count;  // fewer only when keys are NaN
     ids[j] = found ? top.ids[j] : 0;
-    weights[j] = found ? w.s[top.ids[j]] * scale : 0.0f;
+    weights[j] = found ? w.top_keys[j] * scale : 0.0f;
   }
 }
 
