@@ -18,6 +18,15 @@
 //   (one pass for the amax, one to quantize), as every implementation of this mode does.
 // - OpenMP over tasks of rows from capacity_block (Note [tiling]); the per-tensor amax is the max
 //   of per-task maxima, which is exact and independent of order and thread count.
+//
+// Measured 2026-11-26, `opforge bench --group large --dtype bf16`, on the project's shared 2-core
+// AVX2 machine while other builds kept its load average at 12-15, so every figure is several
+// times slower than on an idle machine (the copy ceiling measured in the same runs was 2.5-5.0
+// GB/s, against 23.8 GB/s idle in docs/perf/cpu.md); rms_norm_cpu, run alongside as a yardstick,
+// reached 24% of that ceiling at 1024 and 16384 tokens.
+// quant_fp8 at 1024 / 16384 tokens x 4096: per_token 13% / 12%, per_tensor 11% / 11%, static
+// 17% / 16% of the ceiling; 8-16x the reference kernel in the same run. 16 tokens (in cache, one
+// thread) ran at 1.0-1.3 ns per element: the e4m3 rounding and narrowing cost more than the bytes.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/quant/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

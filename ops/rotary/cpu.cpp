@@ -17,6 +17,14 @@
 //   rounding]).
 // - OpenMP over tasks of tokens; tokens per task from capacity_block (Note [tiling]) so one
 //   task's heads fit half of a core's L2; one task (decode) runs without an OpenMP region.
+//
+// Measured 2026-11-26, `opforge bench --group large --dtype bf16`, on the project's shared 2-core
+// AVX2 machine while other builds kept its load average at 12-15, so every figure is several
+// times slower than on an idle machine (the copy ceiling measured in the same runs was 2.5-5.0
+// GB/s, against 23.8 GB/s idle in docs/perf/cpu.md); rms_norm_cpu, run alongside as a yardstick,
+// reached 24% of that ceiling at 1024 and 16384 tokens.
+// rotary_embedding 1024 / 16384 tokens (32 + 8 heads x 128) reached 27% / 28% of the
+// ceiling in that run (apply_rotary_emb 28% / 23%), 16-36x the reference kernel in the same run.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/rotary/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

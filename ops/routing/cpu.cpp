@@ -16,6 +16,12 @@
 //   experts only, and group scores are skipped when every group is kept (topk_softmax).
 // - OpenMP over tasks of tokens, tokens per task from capacity_block (Note [tiling]); the bias is
 //   widened to f32 once per task.
+//
+// Measured 2026-11-26 on the project's shared 2-core AVX2 machine under a load average of 12-15
+// (figures several times an idle machine's): topk_softmax (128 experts, k = 8) 1.0 us per token
+// on one thread (16 tokens), 4.6x the reference; 16384 tokens 108 ms (3.5x). grouped_topk
+// (DeepSeek-V3: 256 experts, 8 groups, 4 kept, k = 8, sigmoid + bias) 2.4 us per token on one
+// thread, 4.1x the reference; 16384 tokens 208 ms (3.7x).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/routing/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
