@@ -16,6 +16,7 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::u8: return "u8";
+    case DType::f8e4m3: return "f8e4m3";
   }
   return "?";
 }
@@ -29,11 +30,12 @@ DType parse_dtype(std::string_view s) {
       {"bf16", DType::bf16}, {"bfloat16", DType::bf16},
       {"i32", DType::i32},   {"int32", DType::i32},
       {"i64", DType::i64},   {"int64", DType::i64},
-      {"u8", DType::u8},     {"uint8", DType::u8},    {"bool", DType::u8}};
+      {"u8", DType::u8},     {"uint8", DType::u8},    {"bool", DType::u8},
+      {"f8e4m3", DType::f8e4m3}, {"float8_e4m3fn", DType::f8e4m3}};
   for (const Alias& a : aliases)
     if (s == a.name) return a.t;
   throw Error(ErrorCode::unknown_name,
-              "unknown dtype '" + std::string(s) + "'; valid: f32, f64, f16, bf16, i32, i64, u8 (bool)");
+              "unknown dtype '" + std::string(s) + "'; valid: f32, f64, f16, bf16, i32, i64, u8 (bool), f8e4m3");
 }
 
 // f16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
@@ -73,6 +75,36 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(sign | result);
 }
 
+// Note [fp8 e4m3]. Exponent field e (bias 7), mantissa m: e == 0 is m * 2^-9, e == 15 with
+// m == 7 is NaN, anything else (1 + m/8) * 2^(e-7).
+float f8e4m3_to_f32(uint8_t b) {
+  const uint32_t e = (b >> 3) & 0xfu, m = b & 0x7u;
+  float v;
+  if (e == 15 && m == 7) v = f32_from_bits(0x7fc00000u);
+  else if (e == 0) v = float(m) * 0x1p-9f;
+  else v = f32_from_bits(((e + 120) << 23) | (m << 20));
+  return (b & 0x80u) ? -v : v;
+}
+
+uint8_t f32_to_f8e4m3(float f) {
+  const uint32_t u = f32_bits(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return uint8_t(sign | 0x7fu);  // NaN
+  if (abs >= 0x43e00000u) return uint8_t(sign | 0x7eu);  // >= 448 (and infinity): saturate
+  if (abs >= 0x3c800000u) {                                // normal e4m3 (>= 2^-6)
+    // Re-bias the exponent (127 -> 7) and round the 20 dropped bits to nearest even. Values just
+    // below 448 round at most to 448 (0x7e), never into the NaN pattern.
+    const uint32_t rebased = abs - (120u << 23);
+    const uint32_t rounding = 0x7ffffu + ((rebased >> 20) & 1u);
+    return uint8_t(sign | ((rebased + rounding) >> 20));
+  }
+  // Subnormal range: adding 2^14 leaves an f32 whose ulp is 2^-9, the e4m3 subnormal step, so the
+  // addition rounds to nearest even; the low bits are the count of steps (8 = the smallest normal).
+  const float shifted = f32_from_bits(abs) + 16384.0f;
+  return uint8_t(sign | (f32_bits(shifted) - 0x46800000u));
+}
+
 double load_as_double(const void* base, DType t, int64_t i) {
   switch (t) {
     case DType::f32: return static_cast<const float*>(base)[i];
@@ -82,6 +114,7 @@ double load_as_double(const void* base, DType t, int64_t i) {
     case DType::i32: return static_cast<const int32_t*>(base)[i];
     case DType::i64: return double(static_cast<const int64_t*>(base)[i]);
     case DType::u8: return static_cast<const uint8_t*>(base)[i];
+    case DType::f8e4m3: return f8e4m3_to_f32(static_cast<const uint8_t*>(base)[i]);
   }
   return 0;
 }
@@ -112,6 +145,8 @@ void store_from_double(void* base, DType t, int64_t i, double v) {
     case DType::i32: static_cast<int32_t*>(base)[i] = int32_t(saturate(v, -0x1p31, 0x1p31 - 1)); return;
     case DType::i64: static_cast<int64_t*>(base)[i] = int64_t(saturate(v, -0x1p63, 0x1p63 - 1024)); return;
     case DType::u8: static_cast<uint8_t*>(base)[i] = uint8_t(saturate(v, 0, 255)); return;
+    // Round to odd keeps the single rounding (f8 has 20 fewer mantissa bits than f32).
+    case DType::f8e4m3: static_cast<uint8_t*>(base)[i] = f32_to_f8e4m3(f64_to_f32_round_to_odd(v)); return;
   }
 }
 

@@ -35,7 +35,8 @@ struct DescrEntry {
 };
 constexpr DescrEntry kDescrs[] = {{"<f4", DType::f32}, {"<f8", DType::f64}, {"<f2", DType::f16},
                                   {"<i4", DType::i32}, {"<i8", DType::i64}, {"|u1", DType::u8},
-                                  {"|b1", DType::u8},  {"<u2", DType::bf16}};
+                                  {"|b1", DType::u8},  {"<u2", DType::bf16},
+                                  {"|V1", DType::f8e4m3}};
 
 DType dtype_from_descr(const std::string& descr, const std::string& name) {
   for (const DescrEntry& e : kDescrs)
@@ -47,7 +48,7 @@ DType dtype_from_descr(const std::string& descr, const std::string& name) {
       if (little == e.descr) fail(name, "big-endian dtype '" + descr + "' is not supported");
   }
   fail(name, "unsupported dtype '" + descr +
-                 "' (supported: <f4 <f8 <f2 <i4 <i8 |u1 |b1 <u2 as bf16 bits)");
+                 "' (supported: <f4 <f8 <f2 <i4 <i8 |u1 |b1 <u2 as bf16 bits, |V1 as f8e4m3 bits)");
 }
 
 const char* descr_of(DType t) {
@@ -59,6 +60,7 @@ const char* descr_of(DType t) {
     case DType::i32: return "<i4";
     case DType::i64: return "<i8";
     case DType::u8: return "|u1";
+    case DType::f8e4m3: return "|V1";  // raw e4m3 bytes, as numpy writes ml_dtypes' float8_e4m3fn
   }
   return "?";
 }

@@ -6,6 +6,11 @@
 // upstream gradient of forward output <name>; any other argument takes the forward argument (or
 // forward output) of the same name. The checked quantity is L = sum over forward outputs o of
 // sum(do * o) with fixed random do, so dL/dinput must equal what the backward op returns.
+//
+// In-place ops: a forward `inout` argument is both an input and an output of the same name (its
+// value after the call). A backward `inout` argument "d<name>" is then both: it holds the
+// upstream gradient of output <name> on entry and the gradient of input <name> on return
+// (rotary_embedding_backward rotates dquery in place).
 #include <cmath>
 #include <map>
 
@@ -31,7 +36,8 @@ ForwardRun run_forward(const Registry& reg, const OpEntry& op, const std::vector
   ForwardRun f{make_plain(op, plan, masters, DType::f64, Device::cpu()), {}};
   reg.call(only(op, *op.reference(), Device::cpu()), f.args.values);
   for (size_t i = 0; i < plan.size(); ++i)
-    if (plan[i].is_output) f.outputs[op.args[i].name] = tensor_values(f.args.tensors[i]);
+    if (plan[i].is_output || op.args[i].role == ArgRole::inout)
+      f.outputs[op.args[i].name] = tensor_values(f.args.tensors[i]);
   return f;
 }
 
@@ -60,12 +66,14 @@ Result check_case(const Registry& reg, const Options& opt, const OpEntry& fwd, c
   for (size_t i = 0; i < bwd.args.size(); ++i) {
     const ArgInfo& a = bwd.args[i];
     std::string base_name = a.name.size() > 1 && a.name[0] == 'd' ? a.name.substr(1) : "";
+    bool in_place_grad = a.role == ArgRole::inout && !base_name.empty() && base.outputs.count(base_name);
     if (a.role == ArgRole::out && !base_name.empty()) {
       const TensorView& x = std::get<TensorView>(base.args.values[fwd.arg_index(base_name)]);
       keep.push_back(Tensor::zeros(x.shape_of(), DType::f64));
       bvals[i] = keep.back().view();
       grad_out[base_name] = i;
-    } else if (a.role == ArgRole::in && !base_name.empty() && base.outputs.count(base_name)) {
+    } else if ((a.role == ArgRole::in && !base_name.empty() && base.outputs.count(base_name)) ||
+               in_place_grad) {
       const std::vector<double>& y = base.outputs[base_name];
       Rng rng(mix_seed(opt.seed, bwd.name, c.label, a.name));
       std::vector<double> dy(y.size());
@@ -74,6 +82,7 @@ Result check_case(const Registry& reg, const Options& opt, const OpEntry& fwd, c
       keep.push_back(make_tensor(yv.shape_of(), DType::f64, Device::cpu(), dy));
       bvals[i] = keep.back().view();
       upstream[base_name] = std::move(dy);
+      if (in_place_grad) grad_out[base_name] = i;  // overwritten with the input's gradient
     } else {
       bvals[i] = base.args.values[fwd.arg_index(a.name)];
     }

@@ -39,6 +39,7 @@ static double round_to(double v, DType t) {
     case DType::f16: return f16_to_f32(f32_to_f16(float(v)));
     case DType::bf16: return bf16_to_f32(f32_to_bf16(float(v)));
     case DType::f64: return v;
+    case DType::f8e4m3: return f8e4m3_to_f32(f32_to_f8e4m3(float(v)));
     default: return std::trunc(v);
   }
 }
@@ -79,6 +80,7 @@ static void poison_element(uint8_t* p, DType t) {
     case DType::f64: { uint64_t b = 0x7ffda5a5a5a5a5a5ull; std::memcpy(p, &b, 8); return; }
     case DType::f16: { uint16_t b = 0x7e5au; std::memcpy(p, &b, 2); return; }
     case DType::bf16: { uint16_t b = 0x7fe5u; std::memcpy(p, &b, 2); return; }
+    case DType::f8e4m3: *p = 0x7fu; return;  // the e4m3 NaN (Note [fp8 e4m3])
     default: std::memset(p, kSentinel, size_t(dtype_size(t))); return;
   }
 }

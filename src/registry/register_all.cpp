@@ -3,6 +3,9 @@
 #include "opforge/registry.h"
 #include "ops/activation/activation.h"
 #include "ops/norm/norm.h"
+#include "ops/quant/quant.h"
+#include "ops/rotary/rotary.h"
+#include "ops/routing/routing.h"
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -15,6 +18,9 @@ void register_cuda_placeholders(Registry& reg);  // src/backends/without_cuda.cp
 void register_all(Registry& reg) {
   register_norm(reg);
   register_activation(reg);
+  register_rotary(reg);
+  register_routing(reg);
+  register_quant(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);
