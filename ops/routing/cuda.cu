@@ -1,0 +1,229 @@
+// CUDA kernels of topk_softmax (MoE routing), up to 256 experts and topk <= 32.
+//
+// Math (the op's doc): p = softmax(logits) over the E experts of a token, in f32 (accurate expf,
+// no fast-math); the topk experts of highest logit are picked in descending order, equal logits
+// picking the lower id (Note [routing ties]; ranking logits ranks p exactly); topk_weights are
+// their p (f32), divided by their f32 sum when renormalize; topk_ids their ids (i32).
+//
+// Technique. One warp per token, no shared memory, no barriers, one launch for the whole batch:
+//  - Lane l holds experts [l * V, l * V + V) in registers, V = E / 32 rounded up to 1, 2, 4 or 8
+//    (128 experts: 4 per lane). Max and sum are xor butterflies (Note [cuda reductions]), so every
+//    lane holds the same bits.
+//  - topk rounds of a warp argmax: each lane offers its best expert not yet taken (value, id, p),
+//    a 5-step xor butterfly keeps the higher logit or, on equal logits, the lower id; this order is
+//    total, so every lane agrees on the winner. The owner lane marks it taken (a bit mask); lane r
+//    keeps round r's (p, id), and lanes < topk store their results at the end (coalesced).
+//  - cuda_vec (priority 200): a lane's V experts come in with one vector load of V * itemsize bytes
+//    (16 bytes for f32 with V = 4, split in 16-byte loads above that); the predicate requires
+//    E = 32 V and the row base and stride aligned to that width. cuda (priority 100): scalar loads
+//    with the lanes past E padded (never picked), any row stride.
+//  - Launch: 256 threads (8 tokens) a block; the grid is min(blocks needed, 4 x the blocks resident
+//    on all SMs (cuda_device_props)) and warps stride over tokens. 64-bit offsets. One launch on
+//    ctx.stream, no host synchronization, no allocation.
+#include <algorithm>
+#include <climits>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/routing/internal.h"
+#include "ops/routing/routing_cuda.h"
+
+namespace opforge {
+namespace cuda::routing {
+namespace {
+
+template <class T> struct Args {
+  const T* logits;
+  int64_t logits_stride;
+  int64_t tokens;
+  int experts, topk;
+  bool renormalize;
+  float* weights;
+  int64_t weights_stride;
+  int32_t* ids;
+  int64_t ids_stride;
+};
+
+// Raw word of 2, 4, 8 or 16 bytes (one LDG of that width).
+template <int bytes> struct Word;
+template <> struct Word<2> { using type = unsigned short; };
+template <> struct Word<4> { using type = unsigned; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<16> { using type = uint4; };
+
+// V contiguous elements with loads of min(16, V * sizeof(T)) bytes; p aligned to that width.
+template <class T, int V> __device__ __forceinline__ void load_lane(const T* p, float* out) {
+  constexpr int bytes = V * int(sizeof(T));
+  constexpr int chunk = bytes < 16 ? bytes : 16;
+  constexpr int per_chunk = chunk / int(sizeof(T));
+  using W = typename Word<chunk>::type;
+#pragma unroll
+  for (int c = 0; c < V / per_chunk; ++c) {
+    const W raw = reinterpret_cast<const W*>(p)[c];
+    T v[per_chunk];
+    static_assert(sizeof(v) == sizeof(raw));
+    __builtin_memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+    for (int j = 0; j < per_chunk; ++j) out[c * per_chunk + j] = to_f32(v[j]);
+  }
+}
+
+// Keeps (v, id, p) or the other lane's triple, whichever ranks first (Note [routing ties]);
+// id == INT_MAX marks a lane with nothing left to offer.
+__device__ __forceinline__ void keep_better(float& v, int& id, float& p, float ov, int oid,
+                                            float op) {
+  const bool other = oid != INT_MAX &&
+                     (id == INT_MAX || ov > v || (ov == v && oid < id));
+  if (other) v = ov, id = oid, p = op;
+}
+
+template <class T, int V, bool kVec>
+__global__ void __launch_bounds__(256) topk_softmax_kernel(Args<T> a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  const int first = lane * V;
+  for (int64_t t = warp; t < a.tokens; t += n_warps) {  // uniform over the warp
+    const T* row = a.logits + t * a.logits_stride;
+    float v[V];
+    unsigned taken = 0;
+    if constexpr (kVec) {
+      load_lane<T, V>(row + first, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const bool in = first + j < a.experts;
+        v[j] = in ? to_f32(row[first + j]) : -INFINITY;
+        if (!in) taken |= 1u << j;
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < V; ++j) m = fmaxf(m, v[j]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    float e[V], sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      e[j] = (taken >> j & 1u) ? 0.0f : expf(v[j] - m);
+      sum += e[j];
+    }
+    sum = group_sum<32>(sum);
+#pragma unroll
+    for (int j = 0; j < V; ++j) e[j] = e[j] / sum;
+
+    float my_w = 0.0f;
+    int my_id = 0;
+    for (int r = 0; r < a.topk; ++r) {
+      float bv = -INFINITY, bp = 0.0f;
+      int bid = INT_MAX;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if (!(taken >> j & 1u) && (bid == INT_MAX || v[j] > bv)) bv = v[j], bid = first + j, bp = e[j];
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+        const int oid = __shfl_xor_sync(0xffffffffu, bid, offset);
+        const float op = __shfl_xor_sync(0xffffffffu, bp, offset);
+        keep_better(bv, bid, bp, ov, oid, op);
+      }
+      if (bid / V == lane) taken |= 1u << (bid - first);
+      if (lane == r) my_w = bp, my_id = bid;
+    }
+    if (a.renormalize) {
+      const float total = group_sum<32>(lane < a.topk ? my_w : 0.0f);
+      my_w = my_w / total;
+    }
+    if (lane < a.topk) {
+      a.weights[t * a.weights_stride + lane] = my_w;
+      a.ids[t * a.ids_stride + lane] = my_id;
+    }
+  }
+}
+
+int lanes_width(int64_t experts) {  // V: experts per lane
+  return experts <= 32 ? 1 : experts <= 64 ? 2 : experts <= 128 ? 4 : 8;
+}
+
+template <class T, int V, bool kVec> void launch(const Context& ctx, const Args<T>& a) {
+  constexpr int threads = 256, tokens_per_block = threads / 32;
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  const int64_t resident = int64_t(props.sm_count) * std::max(1, props.max_threads_per_sm / threads);
+  const int64_t needed = (a.tokens + tokens_per_block - 1) / tokens_per_block;
+  const int64_t grid = std::max<int64_t>(1, std::min(needed, 4 * resident));
+  topk_softmax_kernel<T, V, kVec><<<unsigned(grid), threads, 0, stream_of(ctx)>>>(a);
+  check_launch("topk_softmax kernel launch");
+}
+
+template <bool kVec>
+void run(const Context& ctx, const TensorView& w, const TensorView& ids, const TensorView& logits,
+         int64_t topk, bool renormalize) {
+  const RoutingPlan plan = topk_softmax_plan(w, ids, logits, topk, renormalize);
+  if (plan.tokens == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(logits.dtype, "topk_softmax", [&](auto tag) {
+    using T = decltype(tag);
+    Args<T> a{};
+    a.logits = static_cast<const T*>(plan.logits);
+    a.logits_stride = plan.logits_stride;
+    a.tokens = plan.tokens;
+    a.experts = int(plan.experts);
+    a.topk = int(plan.topk);
+    a.renormalize = plan.renormalize;
+    a.weights = plan.weights, a.weights_stride = plan.weights_stride;
+    a.ids = plan.ids, a.ids_stride = plan.ids_stride;
+    switch (lanes_width(plan.experts)) {
+      case 1: launch<T, 1, kVec>(ctx, a); break;
+      case 2: launch<T, 2, kVec>(ctx, a); break;
+      case 4: launch<T, 4, kVec>(ctx, a); break;
+      default: launch<T, 8, kVec>(ctx, a); break;
+    }
+  });
+}
+
+const char* common_problem(const TensorView& logits, int64_t topk) {
+  if (!is_cuda_float(logits.dtype)) return kNotCudaFloat;
+  if (logits.size(-1) > 256) return "more than 256 experts";
+  if (topk > 32) return "topk > 32";
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cuda::routing
+
+void topk_softmax_cuda(const Context& ctx, const TensorView& w, const TensorView& ids,
+                       const TensorView& logits, int64_t topk, bool renormalize) {
+  cuda::routing::run<false>(ctx, w, ids, logits, topk, renormalize);
+}
+const char* topk_softmax_cuda_applicable(const TensorView&, const TensorView&,
+                                         const TensorView& logits, int64_t topk, bool) {
+  return cuda::routing::common_problem(logits, topk);
+}
+void topk_softmax_cuda_vec(const Context& ctx, const TensorView& w, const TensorView& ids,
+                           const TensorView& logits, int64_t topk, bool renormalize) {
+  cuda::routing::run<true>(ctx, w, ids, logits, topk, renormalize);
+}
+const char* topk_softmax_cuda_vec_applicable(const TensorView&, const TensorView&,
+                                             const TensorView& logits, int64_t topk, bool) {
+  if (const char* why = cuda::routing::common_problem(logits, topk)) return why;
+  const int64_t experts = logits.size(-1);
+  const int v = cuda::routing::lanes_width(experts);
+  if (experts != 32 * v) return "experts is not 32, 64, 128 or 256";
+  const int64_t width = std::min<int64_t>(16, v * logits.itemsize());
+  if (reinterpret_cast<uintptr_t>(logits.data) % uintptr_t(width) != 0)
+    return "gating_output is not aligned to a lane's vector load";
+  if (logits.size(0) > 1 && (logits.stride(0) * logits.itemsize()) % width != 0)
+    return "the gating_output row stride is not a multiple of a lane's vector load";
+  return nullptr;
+}
+
+void register_routing_cuda(Registry& reg) {
+  const char* vec = "one warp per token, a lane's experts in one vector load, shuffle top-k, f32";
+  const char* scalar = "one warp per token, scalar loads (any row stride, E <= 256), shuffle top-k";
+  reg.add_kernel<TopkSoftmax>(cuda_kernel_desc("cuda_vec", 200, vec, false),
+                              &topk_softmax_cuda_vec, &topk_softmax_cuda_vec_applicable);
+  reg.add_kernel<TopkSoftmax>(cuda_kernel_desc("cuda", 100, scalar, false), &topk_softmax_cuda,
+                              &topk_softmax_cuda_applicable);
+}
+
+}  // namespace opforge
