@@ -9,10 +9,14 @@
 //  - Lane l holds experts [l * V, l * V + V) in registers, V = E / 32 rounded up to 1, 2, 4 or 8
 //    (128 experts: 4 per lane). Max and sum are xor butterflies (Note [cuda reductions]), so every
 //    lane holds the same bits.
-//  - topk rounds of a warp argmax: each lane offers its best expert not yet taken (value, id, p),
-//    a 5-step xor butterfly keeps the higher logit or, on equal logits, the lower id; this order is
-//    total, so every lane agrees on the winner. The owner lane marks it taken (a bit mask); lane r
-//    keeps round r's (p, id), and lanes < topk store their results at the end (coalesced).
+//  - Order keys: a logit's f32 bits map to an unsigned key whose integer order is the float order
+//    (sign flipped for positives, all bits for negatives), so a warp max is one redux.sync
+//    (__reduce_max_sync) instead of a 5-step butterfly. The softmax max uses it too.
+//  - topk rounds of a warp argmax, two redux.sync each: the max key over every lane's best expert
+//    not yet taken, then the min id among the lanes holding that key (Note [routing ties]). Every
+//    lane gets the same winner; its owner lane marks it taken (a bit mask). Lane r keeps round r's
+//    id and its weight exp(logit - max) / sum, computed from the decoded key (the same f32 math as
+//    for every expert), and lanes < topk store their results at the end (coalesced).
 //  - cuda_vec (priority 200): a lane's V experts come in with one vector load of V * itemsize bytes
 //    (16 bytes for f32 with V = 4, split in 16-byte loads above that); the predicate requires
 //    E = 32 V and the row base and stride aligned to that width. cuda (priority 100): scalar loads
@@ -21,7 +25,6 @@
 //    on all SMs (cuda_device_props)) and warps stride over tokens. 64-bit offsets. One launch on
 //    ctx.stream, no host synchronization, no allocation.
 #include <algorithm>
-#include <climits>
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/routing/internal.h"
@@ -67,13 +70,13 @@ template <class T, int V> __device__ __forceinline__ void load_lane(const T* p, 
   }
 }
 
-// Keeps (v, id, p) or the other lane's triple, whichever ranks first (Note [routing ties]);
-// id == INT_MAX marks a lane with nothing left to offer.
-__device__ __forceinline__ void keep_better(float& v, int& id, float& p, float ov, int oid,
-                                            float op) {
-  const bool other = oid != INT_MAX &&
-                     (id == INT_MAX || ov > v || (ov == v && oid < id));
-  if (other) v = ov, id = oid, p = op;
+// Unsigned keys in the order of the floats (NaNs above +inf); 0 is below every float's key.
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
 template <class T, int V, bool kVec>
@@ -99,36 +102,26 @@ __global__ void __launch_bounds__(256) topk_softmax_kernel(Args<T> a) {
     float m = -INFINITY;
 #pragma unroll
     for (int j = 0; j < V; ++j) m = fmaxf(m, v[j]);
+    m = key_value(__reduce_max_sync(0xffffffffu, order_key(m)));
+    float sum = 0.0f;
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    float e[V], sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      e[j] = (taken >> j & 1u) ? 0.0f : expf(v[j] - m);
-      sum += e[j];
-    }
+    for (int j = 0; j < V; ++j) sum += (taken >> j & 1u) ? 0.0f : expf(v[j] - m);
     sum = group_sum<32>(sum);
-#pragma unroll
-    for (int j = 0; j < V; ++j) e[j] = e[j] / sum;
 
     float my_w = 0.0f;
     int my_id = 0;
     for (int r = 0; r < a.topk; ++r) {
-      float bv = -INFINITY, bp = 0.0f;
-      int bid = INT_MAX;
+      unsigned best = 0;  // this lane's best key not yet taken (0: none)
+      int best_j = 0;
 #pragma unroll
-      for (int j = 0; j < V; ++j)
-        if (!(taken >> j & 1u) && (bid == INT_MAX || v[j] > bv)) bv = v[j], bid = first + j, bp = e[j];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
-        const int oid = __shfl_xor_sync(0xffffffffu, bid, offset);
-        const float op = __shfl_xor_sync(0xffffffffu, bp, offset);
-        keep_better(bv, bid, bp, ov, oid, op);
+      for (int j = 0; j < V; ++j) {
+        const unsigned k = order_key(v[j]);
+        if (!(taken >> j & 1u) && k > best) best = k, best_j = j;  // strict: lower id on ties
       }
-      if (bid / V == lane) taken |= 1u << (bid - first);
-      if (lane == r) my_w = bp, my_id = bid;
+      const unsigned top = __reduce_max_sync(0xffffffffu, best);
+      const unsigned id = __reduce_min_sync(0xffffffffu, best == top ? unsigned(first + best_j) : 0xffffffffu);
+      if (id / V == unsigned(lane)) taken |= 1u << (id - first);
+      if (lane == r) my_w = expf(key_value(top) - m) / sum, my_id = int(id);
     }
     if (a.renormalize) {
       const float total = group_sum<32>(lane < a.topk ? my_w : 0.0f);
