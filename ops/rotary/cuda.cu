@@ -12,8 +12,7 @@
 //    and key together (GQA: any n_q, n_kv). A thread loads the cos / sin of its unit once per
 //    token into registers (one LDG.128 each for NeoX packs) and rotates that slice in every head
 //    it owns, so the cache row is read from memory once per token. heads per thread =
-//    ceil(heads / (256 / units)), blockDim.y = ceil(heads / heads per thread): no idle rows. A
-//    thread loads two heads before storing either (twice the loads in flight per thread).
+//    ceil(heads / (256 / units)), blockDim.y = ceil(heads / heads per thread): no idle rows.
 //  - cuda_vec16 (priority 200): NeoX loads x1 and x2 as two 16-byte packs (8 bf16/f16 or 4 f32
 //    pairs); GPT-J loads one pack of interleaved pairs. The predicate requires 16-byte aligned
 //    bases, head_size, token strides and the cache row stride multiples of the pack, and r/2 a
@@ -48,40 +47,6 @@ template <class T, bool kVec, bool kNeox> __host__ __device__ constexpr int pair
   return kVec ? (kNeox ? Pack<T>::n : Pack<T>::n / 2) : 1;
 }
 
-template <class T>
-__device__ __forceinline__ T* head_row(const Args<T>& p, T* q_row, T* k_row, int64_t h) {
-  return h < p.n_q ? q_row + h * p.head_size : k_row + (h - p.n_q) * p.head_size;
-}
-
-// NeoX: x1 = a, x2 = b (P pairs) rotated and stored.
-template <class T, int P>
-__device__ __forceinline__ void rotate_halves(T* x1, T* x2, const Pack<T>& a, const Pack<T>& b,
-                                              const float* c, const float* s) {
-  Pack<T> o1, o2;
-#pragma unroll
-  for (int j = 0; j < P; ++j) {
-    const float fa = to_f32(a.v[j]), fb = to_f32(b.v[j]);
-    o1.v[j] = from_f32<T>(fa * c[j] - fb * s[j]);
-    o2.v[j] = from_f32<T>(fb * c[j] + fa * s[j]);
-  }
-  store_pack(x1, o1);
-  store_pack(x2, o2);
-}
-
-// GPT-J: a pack of P interleaved pairs rotated and stored.
-template <class T, int P>
-__device__ __forceinline__ void rotate_interleaved(T* x, const Pack<T>& a, const float* c,
-                                                   const float* s) {
-  Pack<T> o;
-#pragma unroll
-  for (int j = 0; j < P; ++j) {
-    const float fa = to_f32(a.v[2 * j]), fb = to_f32(a.v[2 * j + 1]);
-    o.v[2 * j] = from_f32<T>(fa * c[j] - fb * s[j]);
-    o.v[2 * j + 1] = from_f32<T>(fb * c[j] + fa * s[j]);
-  }
-  store_pack(x, o);
-}
-
 template <class T, bool kVec, bool kNeox>
 __global__ void __launch_bounds__(256) rotary_kernel(Args<T> p) {
   constexpr int P = pairs_per_unit<T, kVec, kNeox>();
@@ -104,42 +69,43 @@ __global__ void __launch_bounds__(256) rotary_kernel(Args<T> p) {
         for (int j = 0; j < P; ++j)
           c[j] = to_f32(cos_row[i0 + j]), s[j] = p.sin_sign * to_f32(sin_row[i0 + j]);
       }
-      // Two heads per step, both loaded before either is stored: twice the loads in flight.
-      for (int64_t h0 = threadIdx.y; h0 < p.heads; h0 += 2 * int64_t(blockDim.y)) {
-        const int64_t h1 = h0 + blockDim.y;
-        const bool two = h1 < p.heads;
-        T* r0 = head_row(p, q_row, k_row, h0);
-        T* r1 = two ? head_row(p, q_row, k_row, h1) : r0;
+      for (int64_t h = threadIdx.y; h < p.heads; h += blockDim.y) {
+        T* row = h < p.n_q ? q_row + h * p.head_size : k_row + (h - p.n_q) * p.head_size;
         if constexpr (kNeox) {
+          T* x1 = row + i0;
+          T* x2 = row + p.half + i0;
           if constexpr (kVec) {
-            const Pack<T> a0 = load_pack(r0 + i0), b0 = load_pack(r0 + p.half + i0);
-            const Pack<T> a1 = load_pack(r1 + i0), b1 = load_pack(r1 + p.half + i0);
-            rotate_halves<T, P>(r0 + i0, r0 + p.half + i0, a0, b0, c, s);
-            if (two) rotate_halves<T, P>(r1 + i0, r1 + p.half + i0, a1, b1, c, s);
-          } else {
-            const float a0 = to_f32(r0[i0]), b0 = to_f32(r0[p.half + i0]);
-            const float a1 = to_f32(r1[i0]), b1 = to_f32(r1[p.half + i0]);
-            r0[i0] = from_f32<T>(a0 * c[0] - b0 * s[0]);
-            r0[p.half + i0] = from_f32<T>(b0 * c[0] + a0 * s[0]);
-            if (two) {
-              r1[i0] = from_f32<T>(a1 * c[0] - b1 * s[0]);
-              r1[p.half + i0] = from_f32<T>(b1 * c[0] + a1 * s[0]);
+            const Pack<T> a = load_pack(x1), b = load_pack(x2);
+            Pack<T> o1, o2;
+#pragma unroll
+            for (int j = 0; j < P; ++j) {
+              const float fa = to_f32(a.v[j]), fb = to_f32(b.v[j]);
+              o1.v[j] = from_f32<T>(fa * c[j] - fb * s[j]);
+              o2.v[j] = from_f32<T>(fb * c[j] + fa * s[j]);
             }
+            store_pack(x1, o1);
+            store_pack(x2, o2);
+          } else {
+            const float fa = to_f32(*x1), fb = to_f32(*x2);
+            *x1 = from_f32<T>(fa * c[0] - fb * s[0]);
+            *x2 = from_f32<T>(fb * c[0] + fa * s[0]);
           }
         } else {
+          T* x = row + 2 * i0;
           if constexpr (kVec) {
-            const Pack<T> a0 = load_pack(r0 + 2 * i0), a1 = load_pack(r1 + 2 * i0);
-            rotate_interleaved<T, P>(r0 + 2 * i0, a0, c, s);
-            if (two) rotate_interleaved<T, P>(r1 + 2 * i0, a1, c, s);
-          } else {
-            const float a0 = to_f32(r0[2 * i0]), b0 = to_f32(r0[2 * i0 + 1]);
-            const float a1 = to_f32(r1[2 * i0]), b1 = to_f32(r1[2 * i0 + 1]);
-            r0[2 * i0] = from_f32<T>(a0 * c[0] - b0 * s[0]);
-            r0[2 * i0 + 1] = from_f32<T>(b0 * c[0] + a0 * s[0]);
-            if (two) {
-              r1[2 * i0] = from_f32<T>(a1 * c[0] - b1 * s[0]);
-              r1[2 * i0 + 1] = from_f32<T>(b1 * c[0] + a1 * s[0]);
+            const Pack<T> a = load_pack(x);
+            Pack<T> o;
+#pragma unroll
+            for (int j = 0; j < P; ++j) {
+              const float fa = to_f32(a.v[2 * j]), fb = to_f32(a.v[2 * j + 1]);
+              o.v[2 * j] = from_f32<T>(fa * c[j] - fb * s[j]);
+              o.v[2 * j + 1] = from_f32<T>(fb * c[j] + fa * s[j]);
             }
+            store_pack(x, o);
+          } else {
+            const float fa = to_f32(x[0]), fb = to_f32(x[1]);
+            x[0] = from_f32<T>(fa * c[0] - fb * s[0]);
+            x[1] = from_f32<T>(fb * c[0] + fa * s[0]);
           }
         }
       }

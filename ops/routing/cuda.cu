@@ -1,4 +1,4 @@
-// CUDA kernels of topk_softmax (MoE routing), up to 256 experts and topk <= 32.
+// CUDA kernels of topk_softmax and grouped_topk (MoE routing), up to 256 experts and topk <= 32.
 //
 // Math (the op's doc): p = softmax(logits) over the E experts of a token, in f32 (accurate expf,
 // no fast-math); the topk experts of highest logit are picked in descending order, equal logits
@@ -14,9 +14,10 @@
 //    (__reduce_max_sync) instead of a 5-step butterfly. The softmax max uses it too.
 //  - topk rounds of a warp argmax, two redux.sync each: the max key over every lane's best expert
 //    not yet taken, then the min id among the lanes holding that key (Note [routing ties]). Every
-//    lane gets the same winner; its owner lane marks it taken (a bit mask). Lane r keeps round r's
-//    id and its weight exp(logit - max) / sum, computed from the decoded key (the same f32 math as
-//    for every expert), and lanes < topk store their results at the end (coalesced).
+//    lane gets the same winner, and the lane holding it zeroes its key (taken). Keys are computed
+//    once per token, so a round is about 20 instructions. Lane r keeps round r's key and id; after
+//    the rounds every lane computes its weight exp(logit - max) / sum from the decoded key at once
+//    (the same f32 math as the softmax), and lanes < topk store their results (coalesced).
 //  - cuda_vec (priority 200): a lane's V experts come in with one vector load of V * itemsize bytes
 //    (16 bytes for f32 with V = 4, split in 16-byte loads above that); the predicate requires
 //    E = 32 V and the row base and stride aligned to that width. cuda (priority 100): scalar loads
@@ -108,27 +109,165 @@ __global__ void __launch_bounds__(256) topk_softmax_kernel(Args<T> a) {
     for (int j = 0; j < V; ++j) sum += (taken >> j & 1u) ? 0.0f : expf(v[j] - m);
     sum = group_sum<32>(sum);
 
-    float my_w = 0.0f;
+    // Keys computed once; a taken (or padded) expert's key becomes 0, below every real key.
+    unsigned key[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) key[j] = (taken >> j & 1u) ? 0u : order_key(v[j]);
+    unsigned my_key = 0;
     int my_id = 0;
     for (int r = 0; r < a.topk; ++r) {
-      unsigned best = 0;  // this lane's best key not yet taken (0: none)
-      int best_j = 0;
+      unsigned best = key[0];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const unsigned k = order_key(v[j]);
-        if (!(taken >> j & 1u) && k > best) best = k, best_j = j;  // strict: lower id on ties
-      }
+      for (int j = 1; j < V; ++j) best = max(best, key[j]);
       const unsigned top = __reduce_max_sync(0xffffffffu, best);
-      const unsigned id = __reduce_min_sync(0xffffffffu, best == top ? unsigned(first + best_j) : 0xffffffffu);
-      if (id / V == unsigned(lane)) taken |= 1u << (id - first);
-      if (lane == r) my_w = expf(key_value(top) - m) / sum, my_id = int(id);
+      unsigned cand = 0xffffffffu;  // this lane's lowest id holding the top key
+#pragma unroll
+      for (int j = V - 1; j >= 0; --j) cand = key[j] == top ? unsigned(first + j) : cand;
+      const unsigned id = __reduce_min_sync(0xffffffffu, cand);
+#pragma unroll
+      for (int j = 0; j < V; ++j) key[j] = unsigned(first + j) == id ? 0u : key[j];
+      if (lane == r) my_key = top, my_id = int(id);
     }
+    // Lane r's weight from its round's key: the same f32 math as the softmax above.
+    float my_w = expf(key_value(my_key) - m) / sum;
     if (a.renormalize) {
       const float total = group_sum<32>(lane < a.topk ? my_w : 0.0f);
       my_w = my_w / total;
     }
     if (lane < a.topk) {
       a.weights[t * a.weights_stride + lane] = my_w;
+      a.ids[t * a.ids_stride + lane] = my_id;
+    }
+  }
+}
+
+// ---- grouped_topk -----------------------------------------------------------------------------
+template <class T> struct GroupedArgs {
+  Args<T> base;
+  int groups, topk_group;
+  bool sigmoid;
+  const void* bias;  // nullptr: none
+  bool bias_f32;     // else of T
+  int64_t bias_stride;
+  float scaling;
+};
+
+// Same lane layout and order keys as topk_softmax. Scores s (softmax or sigmoid, f32); keys rank
+// the logits, or s + bias with a bias. Group g's key is the max key of its experts, or with a bias
+// the order key of the f32 sum of its two largest s + bias (the largest twice when it occurs
+// twice); one redux.sync each, looped over the groups. Lane g keeps group g's key; topk_group
+// rounds of (redux max, redux min lane) keep the best groups, and each expert learns its group's
+// verdict by one shuffle. The topk rounds then run on the kept experts' keys; a picked expert's
+// s comes from its owner lane by V shuffles after the rounds.
+template <class T, int V>
+__global__ void __launch_bounds__(256) grouped_topk_kernel(GroupedArgs<T> g) {
+  const Args<T>& a = g.base;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  const int first = lane * V;
+  const int group_size = a.experts / g.groups;
+  for (int64_t t = warp; t < a.tokens; t += n_warps) {  // uniform over the warp
+    const T* row = a.logits + t * a.logits_stride;
+    float v[V], s[V];
+    unsigned key[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = first + j < a.experts ? to_f32(row[first + j]) : -INFINITY;
+    if (g.sigmoid) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) s[j] = first + j < a.experts ? 1.0f / (1.0f + expf(-v[j])) : 0.0f;
+    } else {
+      float m = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < V; ++j) m = fmaxf(m, v[j]);
+      m = key_value(__reduce_max_sync(0xffffffffu, order_key(m)));
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        s[j] = first + j < a.experts ? expf(v[j] - m) : 0.0f;
+        sum += s[j];
+      }
+      sum = group_sum<32>(sum);
+#pragma unroll
+      for (int j = 0; j < V; ++j) s[j] = s[j] / sum;
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int e = first + j;
+      float k = v[j];
+      if (g.bias && e < a.experts) {
+        const int64_t at = int64_t(e) * g.bias_stride;
+        k = s[j] + (g.bias_f32 ? static_cast<const float*>(g.bias)[at]
+                               : to_f32(static_cast<const T*>(g.bias)[at]));
+      }
+      key[j] = e < a.experts ? order_key(k) : 0u;
+    }
+
+    // Group keys: lane gi holds group gi's.
+    unsigned group_key = 0;
+    for (int gi = 0; gi < g.groups; ++gi) {
+      unsigned best = 0;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if ((first + j) / group_size == gi) best = max(best, key[j]);
+      const unsigned top = __reduce_max_sync(0xffffffffu, best);
+      unsigned gk = top;
+      if (g.bias) {
+        unsigned count = 0, below = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if ((first + j) / group_size == gi && key[j] != 0u) {
+            count += key[j] == top;
+            if (key[j] != top) below = max(below, key[j]);
+          }
+        count = __reduce_add_sync(0xffffffffu, count);
+        const unsigned second = count >= 2 ? top : __reduce_max_sync(0xffffffffu, below);
+        gk = order_key(key_value(top) + key_value(second));
+      }
+      if (lane == gi) group_key = gk;
+    }
+    bool kept = false;
+    for (int r = 0; r < g.topk_group; ++r) {
+      const unsigned top = __reduce_max_sync(0xffffffffu, group_key);
+      const unsigned gi = __reduce_min_sync(0xffffffffu, group_key == top && lane < g.groups
+                                                             ? unsigned(lane) : 0xffffffffu);
+      if (unsigned(lane) == gi) kept = true, group_key = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int e = first + j;
+      const int gi = e < a.experts ? e / group_size : 0;
+      const bool keep = __shfl_sync(0xffffffffu, kept, gi);
+      if (!keep || e >= a.experts) key[j] = 0u;
+    }
+
+    int my_id = 0;
+    for (int r = 0; r < a.topk; ++r) {
+      unsigned best = key[0];
+#pragma unroll
+      for (int j = 1; j < V; ++j) best = max(best, key[j]);
+      const unsigned top = __reduce_max_sync(0xffffffffu, best);
+      unsigned cand = 0xffffffffu;
+#pragma unroll
+      for (int j = V - 1; j >= 0; --j) cand = key[j] == top ? unsigned(first + j) : cand;
+      const unsigned id = __reduce_min_sync(0xffffffffu, cand);
+#pragma unroll
+      for (int j = 0; j < V; ++j) key[j] = unsigned(first + j) == id ? 0u : key[j];
+      if (lane == r) my_id = int(id);
+    }
+    float my_w = 0.0f;
+    const int owner = lane < a.topk ? my_id / V : 0, slot = my_id - owner * V;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float sj = __shfl_sync(0xffffffffu, s[j], owner);
+      if (j == slot) my_w = sj;
+    }
+    if (a.renormalize) {
+      const float total = group_sum<32>(lane < a.topk ? my_w : 0.0f);
+      my_w = my_w / total;
+    }
+    if (lane < a.topk) {
+      a.weights[t * a.weights_stride + lane] = my_w * g.scaling;
       a.ids[t * a.ids_stride + lane] = my_id;
     }
   }
@@ -174,6 +313,51 @@ void run(const Context& ctx, const TensorView& w, const TensorView& ids, const T
   });
 }
 
+template <class T, int V> void launch_grouped(const Context& ctx, const GroupedArgs<T>& g) {
+  constexpr int threads = 256, tokens_per_block = threads / 32;
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  const int64_t resident = int64_t(props.sm_count) * std::max(1, props.max_threads_per_sm / threads);
+  const int64_t needed = (g.base.tokens + tokens_per_block - 1) / tokens_per_block;
+  const int64_t grid = std::max<int64_t>(1, std::min(needed, 4 * resident));
+  grouped_topk_kernel<T, V><<<unsigned(grid), threads, 0, stream_of(ctx)>>>(g);
+  check_launch("grouped_topk kernel launch");
+}
+
+void run_grouped(const Context& ctx, const TensorView& w, const TensorView& ids,
+                 const TensorView& logits, const TensorView& bias, int64_t topk, bool renormalize,
+                 int64_t groups, int64_t topk_group, std::string_view scoring, double scaling) {
+  const RoutingPlan plan = grouped_topk_plan(w, ids, logits, bias, topk, renormalize, groups,
+                                             topk_group, scoring, scaling);
+  if (plan.tokens == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(logits.dtype, "grouped_topk", [&](auto tag) {
+    using T = decltype(tag);
+    GroupedArgs<T> g{};
+    Args<T>& a = g.base;
+    a.logits = static_cast<const T*>(plan.logits);
+    a.logits_stride = plan.logits_stride;
+    a.tokens = plan.tokens;
+    a.experts = int(plan.experts);
+    a.topk = int(plan.topk);
+    a.renormalize = plan.renormalize;
+    a.weights = plan.weights, a.weights_stride = plan.weights_stride;
+    a.ids = plan.ids, a.ids_stride = plan.ids_stride;
+    g.groups = int(plan.groups);
+    g.topk_group = int(plan.topk_group);
+    g.sigmoid = plan.sigmoid;
+    g.bias = plan.bias;
+    g.bias_f32 = plan.bias_dtype == DType::f32;
+    g.bias_stride = plan.bias_stride;
+    g.scaling = float(plan.scaling);
+    switch (lanes_width(plan.experts)) {
+      case 1: launch_grouped<T, 1>(ctx, g); break;
+      case 2: launch_grouped<T, 2>(ctx, g); break;
+      case 4: launch_grouped<T, 4>(ctx, g); break;
+      default: launch_grouped<T, 8>(ctx, g); break;
+    }
+  });
+}
+
 const char* common_problem(const TensorView& logits, int64_t topk) {
   if (!is_cuda_float(logits.dtype)) return kNotCudaFloat;
   if (logits.size(-1) > 256) return "more than 256 experts";
@@ -210,6 +394,24 @@ const char* topk_softmax_cuda_vec_applicable(const TensorView&, const TensorView
   return nullptr;
 }
 
+void grouped_topk_cuda(const Context& ctx, const TensorView& w, const TensorView& ids,
+                       const TensorView& logits, const TensorView& bias, int64_t topk,
+                       bool renormalize, int64_t num_expert_group, int64_t topk_group,
+                       std::string_view scoring_func, double routed_scaling_factor) {
+  cuda::routing::run_grouped(ctx, w, ids, logits, bias, topk, renormalize, num_expert_group,
+                             topk_group, scoring_func, routed_scaling_factor);
+}
+const char* grouped_topk_cuda_applicable(const TensorView&, const TensorView&,
+                                         const TensorView& logits, const TensorView& bias,
+                                         int64_t topk, bool, int64_t num_expert_group, int64_t,
+                                         std::string_view, double) {
+  if (const char* why = cuda::routing::common_problem(logits, topk)) return why;
+  if (num_expert_group > 32) return "more than 32 expert groups";
+  if (bias.defined() && bias.dtype != DType::f32 && bias.dtype != logits.dtype)
+    return "e_score_correction_bias is neither f32 nor of gating_output's dtype";
+  return nullptr;
+}
+
 void register_routing_cuda(Registry& reg) {
   const char* vec = "one warp per token, a lane's experts in one vector load, shuffle top-k, f32";
   const char* scalar = "one warp per token, scalar loads (any row stride, E <= 256), shuffle top-k";
@@ -217,6 +419,10 @@ void register_routing_cuda(Registry& reg) {
                               &topk_softmax_cuda_vec, &topk_softmax_cuda_vec_applicable);
   reg.add_kernel<TopkSoftmax>(cuda_kernel_desc("cuda", 100, scalar, false), &topk_softmax_cuda,
                               &topk_softmax_cuda_applicable);
+  reg.add_kernel<GroupedTopk>(
+      cuda_kernel_desc("cuda", 100, "one warp per token, redux.sync group and expert rounds, f32",
+                       false),
+      &grouped_topk_cuda, &grouped_topk_cuda_applicable);
 }
 
 }  // namespace opforge
