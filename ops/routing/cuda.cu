@@ -7,11 +7,11 @@
 //
 // Technique. One warp per token, no shared memory, no barriers, one launch for the whole batch:
 //  - Lane l holds experts [l * V, l * V + V) in registers, V = E / 32 rounded up to 1, 2, 4 or 8
-//    (128 experts: 4 per lane). Max and sum are xor butterflies (Note [cuda reductions]), so every
-//    lane holds the same bits.
+//    (128 experts: 4 per lane). The softmax sum is an xor butterfly (Note [cuda reductions]) and
+//    the max a redux.sync, so every lane holds the same bits.
 //  - Order keys: a logit's f32 bits map to an unsigned key whose integer order is the float order
 //    (sign flipped for positives, all bits for negatives), so a warp max is one redux.sync
-//    (__reduce_max_sync) instead of a 5-step butterfly. The softmax max uses it too.
+//    (__reduce_max_sync) instead of a 5-step butterfly.
 //  - topk rounds of a warp argmax, two redux.sync each: the max key over every lane's best expert
 //    not yet taken, then the min id among the lanes holding that key (Note [routing ties]). Every
 //    lane gets the same winner, and the lane holding it zeroes its key (taken). Keys are computed
@@ -25,6 +25,7 @@
 //  - Launch: 256 threads (8 tokens) a block; the grid is min(blocks needed, 4 x the blocks resident
 //    on all SMs (cuda_device_props)) and warps stride over tokens. 64-bit offsets. One launch on
 //    ctx.stream, no host synchronization, no allocation.
+// grouped_topk (cuda, priority 100) uses the same layout, keys and launch; see its kernel below.
 #include <algorithm>
 
 #include "backends/cuda/cuda_launch.cuh"
