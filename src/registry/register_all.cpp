@@ -9,6 +9,8 @@
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
+#include "ops/rotary/rotary_cuda.h"
+#include "ops/routing/routing_cuda.h"
 #endif
 
 namespace opforge {
@@ -25,6 +27,8 @@ void register_all(Registry& reg) {
   register_cuda_backend(reg);
   register_norm_cuda(reg);
   register_activation_cuda(reg);
+  register_rotary_cuda(reg);
+  register_routing_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif
