@@ -50,7 +50,7 @@ def silu_and_mul_torch(tokens, d):
     return lambda: F.silu(x[:, :d]) * x[:, d:]
 
 
-def rotary_neox_torch(tokens, heads_q, heads_kv, head_size, max_pos=8192):
+def rotary_neox_torch(tokens, heads_q, heads_kv, head_size, max_pos=16384):
     """vLLM's native rotary_embedding (NeoX layout, rotary_dim = head_size), in place on q and k."""
     positions = torch.randint(0, max_pos, (tokens,), dtype=torch.int64)
     query = torch.randn(tokens, heads_q * head_size, dtype=DT)
@@ -84,7 +84,7 @@ COMPARISONS = [
     ("rms_norm", "t1024xh4096", "1024 x 4096", lambda: rms_norm_torch(1024, 4096), 2.0),
     ("fused_add_rms_norm", "t1024xh4096", "1024 x 4096", lambda: fused_add_rms_norm_torch(1024, 4096), 2.0),
     ("silu_and_mul", "t1024xi14336", "1024 x 2*14336", lambda: silu_and_mul_torch(1024, 14336), 2.0),
-    ("rotary_embedding", "t1024_q32_kv8_h128_neox", "1024 tok, 32+8 heads x 128, NeoX",
+    ("rotary_embedding", "t1024_q32_kv8_h128", "1024 tok, 32+8 heads x 128, NeoX",
      lambda: rotary_neox_torch(1024, 32, 8, 128), 2.0),
     ("cross_entropy", "t1024xv32000", "1024 x 32000", lambda: cross_entropy_torch(1024, 32000), 2.0),
     ("rms_norm", "t16384xh4096", "16384 x 4096", lambda: rms_norm_torch(16384, 4096), 1.0),
