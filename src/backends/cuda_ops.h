@@ -1,0 +1,17 @@
+// The ops that have CUDA kernels (ops/<family>/cuda.cu). A build without CUDA registers one `cuda`
+// entry, never available, for each of these only (src/backends/without_cuda.cpp), so `opforge list`
+// says why their CUDA kernels are missing and claims none for ops that have no CUDA kernel at all.
+// tests/cuda_registration_test.cpp keeps this list equal to what a CUDA build registers.
+#pragma once
+
+#include <string_view>
+
+namespace opforge {
+
+inline constexpr std::string_view kOpsWithCudaKernels[] = {
+    "rms_norm",         "rms_norm_backward",          "fused_add_rms_norm", "fused_add_rms_norm_backward",
+    "silu_and_mul",     "silu_and_mul_backward",      "rotary_embedding",   "rotary_embedding_backward",
+    "topk_softmax",     "grouped_topk",
+};
+
+}  // namespace opforge
