@@ -3,6 +3,8 @@
 #include "opforge/registry.h"
 #include "ops/activation/activation.h"
 #include "ops/norm/norm.h"
+#include "ops/softmax/softmax.h"
+#include "ops/loss/loss.h"
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -15,6 +17,8 @@ void register_cuda_placeholders(Registry& reg);  // src/backends/without_cuda.cp
 void register_all(Registry& reg) {
   register_norm(reg);
   register_activation(reg);
+  register_softmax(reg);
+  register_loss(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);

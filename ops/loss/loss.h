@@ -1,0 +1,3 @@
+#pragma once
+#include "opforge/registry.h"
+namespace opforge { void register_loss(Registry& reg); }
