@@ -92,8 +92,9 @@ void ce_forward_rows(const CrossEntropyRows& a, int64_t begin, int64_t end) {
       continue;
     }
     const double ls = a.label_smoothing, z_t = cap.scalar(float(x[t]));
-    a.row_loss[row] = (1 - ls) * (lse - z_t) + ls * lse - ls / double(a.vocab) * sum_z +
-                      double(a.lse_square_scale) * lse * lse;
+    double l = (1 - ls) * (lse - z_t) + double(a.lse_square_scale) * lse * lse;
+    if (smoothing) l += ls * lse - ls / double(a.vocab) * sum_z;
+    a.row_loss[row] = l;
   }
 }
 

@@ -60,10 +60,12 @@ void cross_entropy_reference(const Context&, const TensorView& loss, const Tenso
     const int64_t t = id_at(target, row);
     double row_loss = 0;
     if (t != ignore_index) {
-      double sum_z = 0;
-      for (double v : z) sum_z += v;
-      row_loss = (1 - label_smoothing) * (l - z[size_t(t)]) + label_smoothing * l - eps * sum_z +
-                 lse_square_scale * l * l;
+      row_loss = (1 - label_smoothing) * (l - z[size_t(t)]) + lse_square_scale * l * l;
+      if (label_smoothing > 0) {  // (masked -inf logits would give 0 * -inf without the test)
+        double sum_z = 0;
+        for (double v : z) sum_z += v;
+        row_loss += label_smoothing * l - eps * sum_z;
+      }
       ++kept;
     }
     if (r == Reduction::none) put(loss, 0, row, row_loss);
