@@ -56,7 +56,7 @@ HWY_INLINE std::pair<float, float> sum_exp_and_values(const float* v, int64_t n,
   const VF vm = hn::Set(d, m);
   return sum_over2(n, [&](int64_t i, size_t count, VF& se, VF& sv) {
     const VF x = load_n(v + i, count);
-    VF e = hn::Exp(d, hn::Sub(x, vm));
+    VF e = exp_bounded(hn::Sub(x, vm));
     if (count != hn::Lanes(d)) e = hn::IfThenElseZero(hn::FirstN(d, count), e);
     se = hn::Add(se, e);
     sv = hn::Add(sv, x);
@@ -117,7 +117,7 @@ void ce_backward_rows(const CrossEntropyRows& a, int64_t begin, int64_t end) {
     const VF vp = hn::Set(d, g * c1), vb = hn::Set(d, -g * eps), vl = hn::Set(d, lse);
     for_each_vector(a.vocab, [&](int64_t i, size_t count) {
       const VF z = cap(load_n(x + i, count));
-      VF dz = hn::MulAdd(vp, hn::Exp(d, hn::Sub(z, vl)), vb);
+      VF dz = hn::MulAdd(vp, exp_bounded(hn::Sub(z, vl)), vb);
       if constexpr (kCap) {
         const VF r = hn::Mul(z, inv_c);
         dz = hn::Mul(dz, hn::NegMulAdd(r, r, one));

@@ -127,7 +127,7 @@ void backward_row(SoftmaxKind kind, const T* dy, const T* y, T* dx, int64_t n, i
     }));
     const VF vsum = hn::Set(d, sum);
     for_each_vector(n, [&](int64_t i, size_t count) {
-      const VF p = hn::Exp(d, load_n(y + i, count));
+      const VF p = exp_bounded(load_n(y + i, count));  // y = log p <= 0
       store_n(hn::NegMulAdd(p, vsum, load_n(dy + i, count)), dx + i, count);
     });
   } else {

@@ -28,6 +28,29 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// exp(x) for x <= 88 (x - max, z - lse: never far above 0), faster than hn::Exp: x = n ln2 + r
+// with n = round(x / ln2) and r in [-ln2/2, ln2/2] by a two-constant (Cody-Waite) reduction,
+// e^r by its degree-6 Taylor polynomial (truncation error r^7/7! <= 1.2e-7, about one f32 ulp),
+// and 2^n added into the exponent bits. Below -87 (where 2^n leaves the normal range) it returns
+// 0: such terms are below 1e-38 of the row's largest. About half the operations of hn::Exp, which
+// also handles overflow and the subnormal range (roughly 15 vector operations against 27).
+HWY_INLINE VF exp_bounded(VF x) {
+  const DF d;
+  const DI di;
+  const VF n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  VF r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), x);
+  r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
+  VF p = hn::Set(d, 1.0f / 720);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 120));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 24));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 6));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  const auto scaled = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, n)));
+  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::BitCast(d, scaled));
+}
+
 // Lanes [0, count) of v, -inf elsewhere (tails of max reductions).
 HWY_INLINE VF mask_tail_neg_inf(VF v, size_t count) {
   const DF d;
@@ -63,7 +86,7 @@ template <bool kStore> HWY_INLINE float sum_exp(float* v, int64_t n, float m) {
   const DF d;
   const VF vm = hn::Set(d, m);
   return sum_over(n, [&](int64_t i, size_t count, VF& acc) {
-    VF e = hn::Exp(d, hn::Sub(load_n(v + i, count), vm));
+    VF e = exp_bounded(hn::Sub(load_n(v + i, count), vm));
     if (count != hn::Lanes(d)) e = hn::IfThenElseZero(hn::FirstN(d, count), e);
     if constexpr (kStore) store_n(e, v + i, count);
     acc = hn::Add(acc, e);
