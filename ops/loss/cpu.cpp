@@ -133,6 +133,10 @@ void ce_backward_rows(const CrossEntropyRows& a, int64_t begin, int64_t end) {
 }
 
 // ---- kl_div / jsd / tvd -------------------------------------------------------------------------
+// exp of a log-probability (<= 0 for valid inputs): exp_bounded, with inputs clamped to 88 so
+// that invalid ones give a large finite value rather than a wrapped exponent.
+HWY_INLINE VF exp_of_log_prob(VF x) { return exp_bounded(hn::Min(x, hn::Set(DF(), 88.0f))); }
+
 // Element loss (forward) or its derivative by a (backward) of one vector of (a, b).
 template <PairLoss kKind, bool kBackward>
 HWY_INLINE VF pair_elem(VF a, VF b, float eps, float beta) {
@@ -142,7 +146,7 @@ HWY_INLINE VF pair_elem(VF a, VF b, float eps, float beta) {
     if constexpr (kBackward) return hn::Neg(b);
     return hn::Mul(b, hn::Sub(hn::Log(d, hn::Max(b, hn::Set(d, eps))), a));
   } else if constexpr (kKind == PairLoss::kl_div_log_target) {
-    const VF p = hn::Exp(d, b);
+    const VF p = exp_of_log_prob(b);
     if constexpr (kBackward) return hn::Neg(p);
     return hn::Mul(p, hn::Sub(b, a));
   } else if constexpr (kKind == PairLoss::tvd) {
@@ -150,18 +154,18 @@ HWY_INLINE VF pair_elem(VF a, VF b, float eps, float beta) {
     return hn::Mul(half, hn::Abs(hn::Sub(a, b)));
   } else {  // jsd: a = X = log Q, b = Y = log P
     if (beta == 0.0f) {
-      const VF p = hn::Exp(d, b);
+      const VF p = exp_of_log_prob(b);
       if constexpr (kBackward) return hn::Neg(p);
       return hn::Mul(p, hn::Sub(b, a));
     }
-    const VF q = hn::Exp(d, a);
+    const VF q = exp_of_log_prob(a);
     if (beta == 1.0f) {
       const VF diff = hn::Sub(a, b);
       if constexpr (kBackward) return hn::MulAdd(q, diff, q);
       return hn::Mul(q, diff);
     }
     const VF vb = hn::Set(d, beta), vb1 = hn::Set(d, 1.0f - beta);
-    const VF bp = hn::Mul(vb, hn::Exp(d, b)), cq = hn::Mul(vb1, q);
+    const VF bp = hn::Mul(vb, exp_of_log_prob(b)), cq = hn::Mul(vb1, q);
     const VF m = hn::Add(bp, cq), log_m = hn::Log(d, m);
     if constexpr (kBackward) return hn::Mul(cq, hn::Sub(a, log_m));
     return hn::NegMulAdd(m, log_m, hn::MulAdd(bp, b, hn::Mul(cq, a)));
