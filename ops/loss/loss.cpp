@@ -2,6 +2,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "opforge/checks.h"
@@ -126,6 +127,7 @@ void CrossEntropy::check(const TensorView& loss, const TensorView& lse, const Te
   expect_defined(name, "lse", lse);
   expect_dtype(name, "lse", lse, loss_dtype(logits.dtype));
   expect_shape(name, "lse", lse, Shape{logits.size(0)});
+  expect_rows_uniform(name, "lse", lse);
   expect_same_device(name, "lse", lse, "logits", logits);
   no_overlap(name, "loss", loss, {{"logits", &logits}, {"target", &target}, {"lse", &lse}});
   no_overlap(name, "lse", lse, {{"logits", &logits}, {"target", &target}});
