@@ -20,6 +20,14 @@
 //   host: deterministic and independent of the thread count.
 // - OpenMP over tasks of rows sized by capacity_block (Note [tiling], L2); one task runs without
 //   an OpenMP region.
+//
+// Measured (2026-11-26, 2-vCPU AMD EPYC VM, AVX2 target, shared with other builds, so CPU time of
+// one thread is quoted; memcpy of the same bytes ran at ~19 GB/s read + write): 1024 x 32000 bf16
+// cross_entropy 52 ms (1.26 GB/s, 11x the reference), f32 55 ms; PyTorch 2.15
+// F.cross_entropy on the same thread 130 ms (bf16) / 150 ms (f32): 2.5-2.8x. With 2 threads
+// (wall clock, loaded machine) 282 ms against PyTorch's 700-778 ms. The kernels are bound by the
+// vector exp / log (about 1.5 ns per element per exp on this core), not by memory: tvd reaches
+// 50% of the copy rate, cross_entropy 6%, jsd (two exps and a log) 3%.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/loss/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

@@ -18,6 +18,12 @@
 //   sweep for dx; the second reads dy and y back from L1/L2.
 // - OpenMP over tasks of rows sized by capacity_block (Note [tiling], L2); the block of the
 //   online statistics by capacity_block over L1. One task runs without an OpenMP region.
+//
+// Measured (2026-11-26, 2-vCPU AMD EPYC VM, AVX2, CPU time of one thread; memcpy ~19 GB/s read +
+// write): 1024 x 32000 bf16 softmax 69 ms (17x the reference; PyTorch 2.15 torch.softmax 121-130
+// ms), log_softmax 70 ms (PyTorch 131-138 ms), sparsemax 66 ms (46x the sorting reference);
+// backward: softmax 39 ms (5 GB/s, 26% of the copy rate), sparsemax 40 ms, log_softmax 90 ms (one
+// exp per element). Compute-bound on this core (exp and the bf16 conversions), not memory-bound.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/softmax/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
