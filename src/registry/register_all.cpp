@@ -6,6 +6,8 @@
 #include "ops/quant/quant.h"
 #include "ops/rotary/rotary.h"
 #include "ops/routing/routing.h"
+#include "ops/softmax/softmax.h"
+#include "ops/loss/loss.h"
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -23,6 +25,8 @@ void register_all(Registry& reg) {
   register_rotary(reg);
   register_routing(reg);
   register_quant(reg);
+  register_softmax(reg);
+  register_loss(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);

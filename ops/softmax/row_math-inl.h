@@ -1,0 +1,140 @@
+// Row statistics of the softmax and loss families, compiled once per Highway target.
+//
+// Include after "hwy/foreach_target.h", "backends/cpu/simd-inl.h" and
+// "hwy/contrib/math/math-inl.h" in a kernel file; the per-target include guard lets
+// foreach_target re-include it.
+//
+// Note [online softmax blocks]: a row's log-sum-exp is taken in one read of the row from memory.
+// The row is walked in blocks of `block` elements (Note [tiling], L1): each block is widened to
+// f32 into scratch, its max taken, the running sum rescaled once by exp(m_old - m_new) if the max
+// grew, and exp(v - m) summed from the L1 copy. One vector exp per element (the per-element
+// online update of Milakov & Gimelshein needs two), one scalar exp per block. Blocks whose values
+// are all -inf (masked) add nothing, so masked prefixes do not turn the sum into NaN.
+
+#if defined(OPFORGE_OPS_SOFTMAX_ROW_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef OPFORGE_OPS_SOFTMAX_ROW_MATH_INL_H_
+#undef OPFORGE_OPS_SOFTMAX_ROW_MATH_INL_H_
+#else
+#define OPFORGE_OPS_SOFTMAX_ROW_MATH_INL_H_
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) for x <= 88 (x - max, z - lse: never far above 0), faster than hn::Exp: x = n ln2 + r
+// with n = round(x / ln2) and r in [-ln2/2, ln2/2] by a two-constant (Cody-Waite) reduction,
+// e^r by its degree-6 Taylor polynomial (truncation error r^7/7! <= 1.2e-7, about one f32 ulp),
+// and 2^n added into the exponent bits. Below -87 (where 2^n leaves the normal range) it returns
+// 0: such terms are below 1e-38 of the row's largest. About half the operations of hn::Exp, which
+// also handles overflow and the subnormal range (roughly 15 vector operations against 27).
+HWY_INLINE VF exp_bounded(VF x) {
+  const DF d;
+  const DI di;
+  const VF n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  VF r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), x);
+  r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
+  VF p = hn::Set(d, 1.0f / 720);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 120));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 24));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 6));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  const auto scaled = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, n)));
+  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::BitCast(d, scaled));
+}
+
+// Lanes [0, count) of v, -inf elsewhere (tails of max reductions).
+HWY_INLINE VF mask_tail_neg_inf(VF v, size_t count) {
+  const DF d;
+  if (HWY_LIKELY(count == hn::Lanes(d))) return v;
+  return hn::IfThenElse(hn::FirstN(d, count), v, hn::Set(d, kNegInf));
+}
+
+// dst[i] = f(src[i]) widened to f32 for i < n; returns the max of the stored values. f maps a VF
+// to a VF (identity, or a softcap).
+template <class T, class F> HWY_INLINE float widen_max(const T* src, float* dst, int64_t n, F&& f) {
+  const DF d;
+  VF m0 = hn::Set(d, kNegInf), m1 = m0;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    const VF a = f(load(src + i)), b = f(load(src + i + lanes));
+    store(a, dst + i);
+    store(b, dst + i + lanes);
+    m0 = hn::Max(m0, a);
+    m1 = hn::Max(m1, b);
+  }
+  for (; i < n; i += lanes) {
+    const size_t count = size_t(std::min(lanes, n - i));
+    const VF a = f(load_n(src + i, count));
+    store_n(a, dst + i, count);
+    m0 = hn::Max(m0, mask_tail_neg_inf(a, count));
+  }
+  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+}
+
+// Sum of exp(v[i] - m) for i < n; with kStore the exponentials replace v.
+template <bool kStore> HWY_INLINE float sum_exp(float* v, int64_t n, float m) {
+  const DF d;
+  const VF vm = hn::Set(d, m);
+  return sum_over(n, [&](int64_t i, size_t count, VF& acc) {
+    VF e = exp_bounded(hn::Sub(load_n(v + i, count), vm));
+    if (count != hn::Lanes(d)) e = hn::IfThenElseZero(hn::FirstN(d, count), e);
+    if constexpr (kStore) store_n(e, v + i, count);
+    acc = hn::Add(acc, e);
+  });
+}
+
+// Running (max, sum of exp(v - max)) of Note [online softmax blocks].
+// The sum is kept in double: each block's f32 sum is short (one L1 block), and adding the blocks
+// in double keeps the row's sum to f32 precision however long the row is.
+struct OnlineMaxSum {
+  float max = kNegInf;
+  double sum = 0;
+
+  // Folds in a block whose max is block_max; returns false when the row so far is all -inf
+  // (nothing to sum yet).
+  bool raise_to(float block_max) {
+    if (block_max > max) {
+      sum = max == kNegInf ? 0.0 : sum * std::exp(double(max) - double(block_max));
+      max = block_max;
+    }
+    return max != kNegInf;
+  }
+  float lse() const { return float(double(max) + std::log(sum)); }
+};
+
+// Sum over a row in blocks: sum_over (two f32 vector accumulators) per block of `block`
+// elements, the blocks added in double. term(i, count, acc) as in sum_over, i from the row start.
+template <class Term> HWY_INLINE double sum_blocks(int64_t n, int64_t block, Term&& term) {
+  double total = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += block)
+    total += sum_over(std::min(block, n - b0),
+                      [&](int64_t i, size_t count, VF& acc) { term(b0 + i, count, acc); });
+  return total;
+}
+
+template <class Term>
+HWY_INLINE std::pair<double, double> sum_blocks2(int64_t n, int64_t block, Term&& term) {
+  double a = 0, b = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const auto [pa, pb] = sum_over2(std::min(block, n - b0), [&](int64_t i, size_t count, VF& x,
+                                                                  VF& y) { term(b0 + i, count, x, y); });
+    a += pa;
+    b += pb;
+  }
+  return {a, b};
+}
+
+}  // namespace opforge::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard
