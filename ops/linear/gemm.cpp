@@ -1,0 +1,126 @@
+// f32 GEMM and panels of the linear family (ops/linear/gemm.h).
+#include "ops/linear/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/convert.h"
+#include "backends/cpu/parallel.h"
+#include "backends/cpu/tiling.h"
+
+namespace opforge::gemm_cpu {
+
+namespace {
+
+// Rows per conversion task: Note [tiling] over L2 with the f32 and the source row in the set.
+cpu::RowTasks row_tasks(int64_t rows, int64_t cols) {
+  cpu::TileSpec spec;
+  spec.bytes_per_element = 4 + 2;
+  spec.multiplier = std::max<int64_t>(cols, 1);
+  spec.level = cpu::CacheLevel::l2;
+  return {rows, cpu::capacity_block(spec)};
+}
+
+}  // namespace
+
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              blasint(m), blasint(n), blasint(k), 1.0f, a, blasint(std::max<int64_t>(lda, 1)), b,
+              blasint(std::max<int64_t>(ldb, 1)), beta, c, blasint(std::max<int64_t>(ldc, 1)));
+}
+
+void widen_rows(const TensorView& t, int64_t row_begin, int64_t row_end, float* dst) {
+  const int64_t cols = t.size(-1), stride = t.row_stride();
+  const cpu::RowTasks tasks = row_tasks(row_end - row_begin, cols);
+  cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
+    for (int64_t r = tasks.begin(task); r < tasks.end(task); ++r) {
+      const int64_t row = row_begin + r;
+      float* out = dst + r * cols;
+      switch (t.dtype) {
+        case DType::bf16:
+          cpu::bf16_to_f32_n(static_cast<const uint16_t*>(t.data) + row * stride, out, cols);
+          break;
+        case DType::f16:
+          cpu::f16_to_f32_n(static_cast<const uint16_t*>(t.data) + row * stride, out, cols);
+          break;
+        default:
+          std::memcpy(out, static_cast<const float*>(t.data) + row * stride, size_t(cols) * 4);
+      }
+    }
+  });
+}
+
+F32Panel f32_rows(const TensorView& t, int64_t row_begin, int64_t row_end) {
+  F32Panel p;
+  const int64_t cols = t.size(-1);
+  if (t.dtype == DType::f32) {
+    p.data = static_cast<const float*>(t.data) + row_begin * t.row_stride();
+    p.ld = t.row_stride();
+    return p;
+  }
+  p.owned.reset(new float[size_t(std::max<int64_t>((row_end - row_begin) * cols, 1))]);
+  widen_rows(t, row_begin, row_end, p.owned.get());
+  p.data = p.owned.get();
+  p.ld = cols;
+  return p;
+}
+
+void store_rows(const float* src, int64_t ld, const TensorView& dst, int64_t col_begin,
+                int64_t cols) {
+  const int64_t stride = dst.row_stride();
+  const cpu::RowTasks tasks = row_tasks(dst.rows(), cols);
+  cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
+    for (int64_t row = tasks.begin(task); row < tasks.end(task); ++row) {
+      const float* in = src + row * ld;
+      const int64_t at = row * stride + col_begin;
+      switch (dst.dtype) {
+        case DType::bf16: cpu::f32_to_bf16_n(in, static_cast<uint16_t*>(dst.data) + at, cols); break;
+        case DType::f16: cpu::f32_to_f16_n(in, static_cast<uint16_t*>(dst.data) + at, cols); break;
+        default: std::memcpy(static_cast<float*>(dst.data) + at, in, size_t(cols) * 4);
+      }
+    }
+  });
+}
+
+void column_sums(const TensorView& t, float* out) {
+  const int64_t rows = t.rows(), cols = t.size(-1), stride = t.row_stride();
+  // Columns per task: Note [tiling] over L1 for the f32 sums and one row segment.
+  cpu::TileSpec spec;
+  spec.bytes_per_element = 4 + t.itemsize();
+  spec.level = cpu::CacheLevel::l1d;
+  const cpu::RowTasks blocks{cols, cpu::capacity_block(spec)};
+  cpu::parallel_tasks(blocks.count(), [&](int64_t task) {
+    const int64_t c0 = blocks.begin(task), c1 = blocks.end(task), n = c1 - c0;
+    float* acc = out + c0;
+    std::fill(acc, acc + n, 0.0f);
+    std::unique_ptr<float[]> row32(new float[size_t(n)]);
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t at = row * stride + c0;
+      const float* r = row32.get();
+      switch (t.dtype) {
+        case DType::bf16: cpu::bf16_to_f32_n(static_cast<const uint16_t*>(t.data) + at, row32.get(), n); break;
+        case DType::f16: cpu::f16_to_f32_n(static_cast<const uint16_t*>(t.data) + at, row32.get(), n); break;
+        default: r = static_cast<const float*>(t.data) + at;
+      }
+      for (int64_t j = 0; j < n; ++j) acc[j] += r[j];
+    }
+  });
+}
+
+Scratch::Scratch(ScratchMeter& meter, int64_t floats)
+    : meter_(&meter), bytes_(std::max<int64_t>(floats, 1) * 4),
+      data_(new float[size_t(std::max<int64_t>(floats, 1))]) {
+  meter_->add(bytes_);
+}
+Scratch::~Scratch() { meter_->sub(bytes_); }
+
+}  // namespace opforge::gemm_cpu
