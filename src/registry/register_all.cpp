@@ -2,6 +2,7 @@
 // linked in because this function names it.
 #include "opforge/registry.h"
 #include "ops/activation/activation.h"
+#include "ops/embedding/embedding.h"
 #include "ops/linear/linear.h"
 #include "ops/norm/norm.h"
 
@@ -17,6 +18,7 @@ void register_all(Registry& reg) {
   register_norm(reg);
   register_activation(reg);
   register_linear(reg);
+  register_embedding(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);
