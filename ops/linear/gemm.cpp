@@ -117,8 +117,8 @@ void column_sums(const TensorView& t, float* out) {
 }
 
 Scratch::Scratch(ScratchMeter& meter, int64_t floats)
-    : meter_(&meter), bytes_(std::max<int64_t>(floats, 1) * 4),
-      data_(new float[size_t(std::max<int64_t>(floats, 1))]) {
+    : meter_(&meter), bytes_(std::max<int64_t>(floats, 0) * 4),
+      data_(floats > 0 ? new float[size_t(floats)] : nullptr) {
   meter_->add(bytes_);
 }
 Scratch::~Scratch() { meter_->sub(bytes_); }
