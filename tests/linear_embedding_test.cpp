@@ -4,7 +4,9 @@
 // against the [tokens, vocab] logits it avoids.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -267,6 +269,7 @@ TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
   // Enough tokens for several chunks (Note [flce chunks]) at a vocabulary of 32000.
   const int64_t tokens = 100, h = 64, vocab = 32000;
   const FlceChunks chunks = flce_chunks(tokens, vocab, h);
+  const int64_t kSlots = cpu::cpu_info().threads;  // one w tile per thread (16-bit)
   ASSERT_LT(chunks.token_rows, tokens) << "the case should span several chunks";
   std::vector<double> t(static_cast<size_t>(tokens));
   std::mt19937 gen(11);
@@ -301,9 +304,9 @@ TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
     // The logits the unfused form materialises, and what the chunks hold instead.
     const int64_t logits_bytes = tokens * vocab * 4;
     EXPECT_LE(forward_scratch, chunks.token_rows * vocab * 4 + tokens * 8 +
-                                   (dtype == DType::f32 ? 0 : (chunks.token_rows + chunks.vocab_rows) * h * 4));
+                                   (dtype == DType::f32 ? 0 : (chunks.token_rows + kSlots * chunks.vocab_rows) * h * 4));
     EXPECT_LT(forward_scratch, logits_bytes);
-    const int64_t widened = dtype == DType::f32 ? 0 : (2 * chunks.token_rows + chunks.vocab_rows + vocab) * h * 4;
+    const int64_t widened = dtype == DType::f32 ? 0 : (2 * chunks.token_rows + kSlots * chunks.vocab_rows + vocab) * h * 4;
     EXPECT_LE(backward_scratch, chunks.token_rows * vocab * 4 + vocab * 4 + widened);
     RecordProperty(std::string("scratch_forward_") + dtype_name(dtype), std::to_string(forward_scratch));
     RecordProperty(std::string("scratch_backward_") + dtype_name(dtype), std::to_string(backward_scratch));
@@ -311,6 +314,75 @@ TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
                 "backward %lld B, logits %lld B\n", dtype_name(dtype), (long long)tokens,
                 (long long)vocab, (long long)h, (long long)chunks.token_rows,
                 (long long)forward_scratch, (long long)backward_scratch, (long long)logits_bytes);
+  }
+}
+
+// Not part of the suite (DISABLED_): run with --gtest_also_run_disabled_tests to measure the
+// fused kernels against the unfused form at vocab 32000, hidden 4096. The unfused form is
+// linear_cpu into materialised [tokens, vocab] logits, a plain cross-entropy over them, the
+// [tokens, vocab] dlogits and linear_backward_cpu; its extra memory is those two tensors (the
+// fused form's is what flce_cpu_last_scratch_bytes() reports).
+TEST(FlceCpu, DISABLED_FusedAgainstUnfusedTimeAndMemory) {
+  using Clock = std::chrono::steady_clock;
+  const int64_t tokens = 512, h = 4096, vocab = 32000;
+  std::vector<double> t(static_cast<size_t>(tokens));
+  std::mt19937 gen(17);
+  for (double& v : t) v = double(gen() % vocab);
+  Tensor target = values({tokens}, DType::i64, t);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Tensor hidden = filled({tokens, h}, dtype, 18), w = filled({vocab, h}, dtype, 19, 1.0 / 64);
+    Tensor loss = Tensor::zeros({}, DType::f32), dloss = values({}, DType::f32, {1.0});
+    Tensor dh = Tensor::zeros({tokens, h}, dtype), dw = Tensor::zeros({vocab, h}, dtype);
+    Tensor db = Tensor::zeros({vocab}, dtype);
+    auto seconds = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    auto t0 = Clock::now();
+    fused_linear_cross_entropy_cpu(kCtx, loss, hidden, w, target, TensorView{}, -100, 0.0, "mean");
+    const double fused_fwd = seconds(t0);
+    const int64_t fused_fwd_bytes = flce_cpu_last_scratch_bytes();
+    t0 = Clock::now();
+    fused_linear_cross_entropy_backward_cpu(kCtx, dh, dw, db, dloss, hidden, w, target, TensorView{},
+                                            -100, 0.0, "mean");
+    const double fused_bwd = seconds(t0);
+    const int64_t fused_bwd_bytes = flce_cpu_last_scratch_bytes();
+    // Unfused: logits, cross-entropy, dlogits, linear_backward.
+    t0 = Clock::now();
+    Tensor logits = Tensor::zeros({tokens, vocab}, dtype);
+    linear_cpu(kCtx, logits, hidden, w, TensorView{});
+    std::vector<float> row(static_cast<size_t>(vocab));
+    double total = 0;
+    std::vector<double> lse(static_cast<size_t>(tokens));
+    for (int64_t n = 0; n < tokens; ++n) {
+      for (int64_t v = 0; v < vocab; ++v) row[size_t(v)] = float(load_as_double(logits.data(), dtype, n * vocab + v));
+      float m = -INFINITY;
+      for (float z : row) m = std::max(m, z);
+      double s = 0;
+      for (float z : row) s += std::exp(double(z - m));
+      lse[size_t(n)] = m + std::log(s);
+      total += lse[size_t(n)] - row[size_t(t[size_t(n)])];
+    }
+    const double unfused_fwd = seconds(t0);
+    t0 = Clock::now();
+    Tensor dlogits = Tensor::zeros({tokens, vocab}, dtype);
+    for (int64_t n = 0; n < tokens; ++n)
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double p = std::exp(load_as_double(logits.data(), dtype, n * vocab + v) - lse[size_t(n)]);
+        store_from_double(dlogits.data(), dtype, n * vocab + v, (p - (v == int64_t(t[size_t(n)]))) / double(tokens));
+      }
+    Tensor dh2 = Tensor::zeros({tokens, h}, dtype), dw2 = Tensor::zeros({vocab, h}, dtype);
+    Tensor db2 = Tensor::zeros({vocab}, dtype);
+    linear_backward_cpu(kCtx, dh2, dw2, db2, dlogits, hidden, w);
+    const double unfused_bwd = seconds(t0);
+    EXPECT_NEAR(at(loss, 0), total / double(tokens), 1e-3 * std::abs(at(loss, 0)));
+    const double flops = 2.0 * double(tokens) * double(vocab) * double(h);
+    std::printf("flce %s tokens %lld hidden %lld vocab %lld (chunk %lld rows)\n"
+                "  fused:   forward %.3f s (%.1f GFLOP/s), backward %.3f s (%.1f GFLOP/s), scratch "
+                "forward %.1f MiB, backward %.1f MiB\n"
+                "  unfused: forward %.3f s, backward %.3f s, logits + dlogits %.1f MiB\n",
+                dtype_name(dtype), (long long)tokens, (long long)h, (long long)vocab,
+                (long long)flce_chunks(tokens, vocab, h).token_rows, fused_fwd, flops / fused_fwd / 1e9,
+                fused_bwd, 3 * flops / fused_bwd / 1e9, fused_fwd_bytes / 1048576.0,
+                fused_bwd_bytes / 1048576.0, unfused_fwd, unfused_bwd,
+                2.0 * double(logits.nbytes()) / 1048576.0);
   }
 }
 

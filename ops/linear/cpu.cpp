@@ -6,16 +6,18 @@
 // interface of Debian's OpenBLAS; the predicates say so otherwise).
 //
 // Why it is fast: the products are OpenBLAS's cblas_sgemm (packed, register-blocked, AVX2 /
-// AVX-512 micro-kernels, its own threads), called from outside any OpenMP region so the two
-// thread pools never nest. f32 runs straight on the tensors; the bias is written into y first
+// AVX-512 micro-kernels), one single-threaded call per OpenMP thread on its block of the output
+// (Note [one thread pool], ops/linear/gemm.h). f32 runs straight on the tensors; the bias is written into y first
 // and the GEMM accumulates onto it (beta = 1), so y is written once more, not read back twice.
 // bf16 / f16: OpenBLAS has no sbgemm here (ops/linear/gemm.h), so x is widened to f32 once and w
-// in tiles of out-rows sized by Note [tiling] to half the L3: a tile is widened (Highway
-// conversions, OpenMP), multiplied while still in cache, and its y columns rounded once. Decode
+// in tiles of out-rows (Note [tiling]: all threads' tiles in half the L3), one OpenMP task per
+// tile: the task widens its tile (Highway conversions), multiplies it while it is in cache and
+// rounds its y columns once. Decode
 // shapes (1 token) are bound by reading w, which the widening reads once more than an f32 GEMV.
-// Deterministic: OpenBLAS splits a GEMM over m and n, never over k, and db sums rows in order.
+// Deterministic: no product is split over k (Note [one thread pool]) and db sums rows in order.
 #include <climits>
 
+#include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 #include "ops/linear/gemm.h"
@@ -42,10 +44,11 @@ const char* dtype_reason(const TensorView& x) {
   }
 }
 
-// Out-rows of w widened per tile: Note [tiling] with the f32 tile in half of the L3.
+// Out-rows of w per task of the 16-bit path: Note [tiling] with every thread's f32 tile in half
+// of the (shared) L3 together.
 int64_t w_tile_rows(int64_t in) {
   cpu::TileSpec spec;
-  spec.bytes_per_element = 4;
+  spec.bytes_per_element = 4 * std::max(1, cpu::cpu_info().threads);
   spec.multiplier = std::max<int64_t>(in, 1);
   spec.level = cpu::CacheLevel::l3;
   return cpu::capacity_block(spec);
@@ -69,21 +72,24 @@ void linear_f32(const TensorView& y, const TensorView& x, const TensorView& w, c
                     static_cast<float*>(y.data), y.row_stride());
 }
 
+// One OpenMP region over tiles of w's rows (Note [one thread pool]): each task widens its tile,
+// multiplies it on its own thread and rounds its y columns; x is widened once before.
 void linear_16bit(const TensorView& y, const TensorView& x, const TensorView& w, const TensorView& b) {
   const int64_t rows = x.rows(), in = x.size(-1), out = w.size(0);
   const F32Panel x32 = gemm_cpu::f32_rows(x, 0, rows);
   const F32Panel b32 = b.defined() ? gemm_cpu::f32_rows(b, 0, 1) : F32Panel{};
-  const int64_t tile = std::min(w_tile_rows(in), std::max<int64_t>(out, 1));
-  std::unique_ptr<float[]> y32(new float[size_t(std::max<int64_t>(rows * tile, 1))]);
-  for (int64_t m0 = 0; m0 < out; m0 += tile) {
-    const int64_t m1 = std::min(out, m0 + tile), cols = m1 - m0;
-    const F32Panel w32 = gemm_cpu::f32_rows(w, m0, m1);
+  const cpu::RowTasks tiles{out, w_tile_rows(in)};
+  cpu::parallel_tasks(tiles.count(), [&](int64_t t) {
+    const int64_t m0 = tiles.begin(t), cols = tiles.end(t) - m0;
+    std::unique_ptr<float[]> w32(new float[size_t(std::max<int64_t>(cols * in, 1))]);
+    std::unique_ptr<float[]> y32(new float[size_t(std::max<int64_t>(rows * cols, 1))]);
+    gemm_cpu::widen_block_serial(w, m0, m0 + cols, 0, in, w32.get());
     for (int64_t n = 0; n < rows; ++n)
       for (int64_t j = 0; j < cols; ++j) y32[size_t(n * cols + j)] = b32.data ? b32.data[m0 + j] : 0.0f;
-    gemm_cpu::sgemm(false, true, rows, cols, in, x32.data, x32.ld, w32.data, w32.ld,
-                      b32.data || in == 0 ? 1.0f : 0.0f, y32.get(), cols);
-    gemm_cpu::store_rows(y32.get(), cols, y, m0, cols);
-  }
+    gemm_cpu::sgemm_serial(false, true, rows, cols, in, x32.data, x32.ld, w32.get(), in,
+                           b32.data || in == 0 ? 1.0f : 0.0f, y32.get(), cols);
+    gemm_cpu::store_block_serial(y32.get(), cols, y, 0, rows, m0, cols);
+  });
 }
 
 }  // namespace

@@ -10,16 +10,18 @@
 // chunk's f32 logits fill at most half the L3, so the GEMM writes them and the log-sum-exp (or
 // gradient) pass reads them back from cache. Scratch of a call, counted by flce_cpu_last_scratch_
 // bytes(): token_rows x vocab x 4 for the logits; for bf16 / f16 also the chunk of hidden widened
-// to f32 (token_rows x H x 4) and a tile of w widened to f32 (vocab_rows x H x 4, vocab_rows from
-// the same rule with H per row), and in the backward an f32 dhidden chunk and an f32 dw
-// accumulator (vocab x H x 4: Liger's accum_dtype=f32; f32 accumulates straight into dw). The
+// to f32 (token_rows x H x 4) and one tile of w widened to f32 per thread (vocab_rows x H x 4
+// each, vocab_rows from the same rule with every thread's tile in half the L3), and in the
+// backward an f32 dhidden chunk and an f32 dw accumulator (vocab x H x 4: Liger's
+// accum_dtype=f32; f32 accumulates straight into dw). The
 // unfused form holds tokens x vocab x 4 of logits and as much again of their gradient.
 //
 // Why it is fast: the three products (logits, dhidden = G w, dw += G^T hidden) are OpenBLAS
 // sgemm calls on whole chunks (token_rows x vocab x H each); the per-row passes are Highway
 // vectors (max, then exp and sums in one pass; the gradient is written over the logits in place)
 // with OpenMP over rows. Deterministic: the per-token losses are reduced in token order in
-// double, db and dw sum the chunks in order, and OpenBLAS never splits the k dimension.
+// double, db and dw sum the chunks in order, and no product is split over k (Note [one thread
+// pool], ops/linear/gemm.h).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/linear/flce_cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -72,7 +74,9 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <algorithm>
 #include <cstring>
+#include <omp.h>
 
+#include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 #include "ops/linear/gemm.h"
@@ -91,13 +95,18 @@ using gemm_cpu::ScratchMeter;
 
 thread_local int64_t last_scratch_bytes = 0;
 
-int64_t rows_in_half_l3(int64_t floats_per_row) {
+// Rows of `floats_per_row` f32 each that fit half of the L3 (Note [tiling]), `copies` times over.
+int64_t rows_in_half_l3(int64_t floats_per_row, int64_t copies = 1) {
   cpu::TileSpec spec;
-  spec.bytes_per_element = 4;
+  spec.bytes_per_element = 4 * copies;
   spec.multiplier = std::max<int64_t>(floats_per_row, 1);
   spec.level = cpu::CacheLevel::l3;
   return cpu::capacity_block(spec);
 }
+
+int threads() { return std::max(1, cpu::cpu_info().threads); }
+// Per-thread slots of the w tile scratch: every thread a parallel region may have now.
+int64_t slots() { return std::max(threads(), omp_get_max_threads()); }
 
 // What both kernels share: sizes, the chunk plan, and w / hidden as f32 panels.
 struct Problem {
@@ -114,7 +123,6 @@ struct Problem {
         h(hidden_.size(1)), vocab(w_.size(0)), ignore_index(ignore_index_),
         label_smoothing(float(ls)), chunks(flce_chunks(tokens, vocab, h)),
         f32(hidden_.dtype == DType::f32) {
-    if (f32) chunks.vocab_rows = vocab;  // w is used in place, no tiles
   }
 };
 
@@ -129,33 +137,53 @@ const float* hidden_rows(const Problem& p, int64_t n0, int64_t n1, float* buf, i
   return buf;
 }
 
-// Rows [v0, v1) of w as f32: in place for f32, else widened into `buf`.
-const float* w_rows(const Problem& p, int64_t v0, int64_t v1, float* buf, int64_t* ld) {
-  if (p.f32) {
-    *ld = p.w.row_stride();
-    return static_cast<const float*>(p.w.data) + v0 * *ld;
+// logits[r, v] = hidden[n0 + r] . w[v] + b[v] for the chunk's rows (ld = vocab). f32: one
+// product on w in place; 16-bit: one OpenMP task per tile of w's rows, widened into the task
+// thread's slot of `w_tiles` (vocab_rows x H floats per thread). Note [one thread pool].
+void chunk_logits(const Problem& p, const float* x, int64_t ldx, int64_t rows, float* logits,
+                  float* w_tiles) {
+  const bool bias = p.b.defined();
+  if (bias) {
+    std::unique_ptr<float[]> b32(new float[size_t(p.vocab)]);
+    gemm_cpu::widen_rows(p.b, 0, 1, b32.get());
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(logits + r * p.vocab, b32.get(), size_t(p.vocab) * 4);
   }
-  gemm_cpu::widen_rows(p.w, v0, v1, buf);
-  *ld = p.h;
-  return buf;
+  if (p.f32) {
+    gemm_cpu::sgemm(false, true, rows, p.vocab, p.h, x, ldx, static_cast<const float*>(p.w.data),
+                    p.w.row_stride(), bias ? 1.0f : 0.0f, logits, p.vocab);
+    return;
+  }
+  const cpu::RowTasks tiles{p.vocab, p.chunks.vocab_rows};
+  cpu::parallel_tasks(tiles.count(), [&](int64_t t) {
+    const int64_t v0 = tiles.begin(t), v1 = tiles.end(t);
+    float* wt = w_tiles + int64_t(omp_get_thread_num()) * p.chunks.vocab_rows * p.h;
+    gemm_cpu::widen_block_serial(p.w, v0, v1, 0, p.h, wt);
+    gemm_cpu::sgemm_serial(false, true, rows, v1 - v0, p.h, x, ldx, wt, p.h, bias ? 1.0f : 0.0f,
+                           logits + v0, p.vocab);
+  });
 }
 
-// logits[r, v] = hidden[n0 + r] . w[v] + b[v] for the chunk's rows (ld = vocab).
-void chunk_logits(const Problem& p, const float* x, int64_t ldx, int64_t rows, float* logits,
-                  float* w_tile) {
-  std::unique_ptr<float[]> bias;
-  if (p.b.defined()) {
-    bias.reset(new float[size_t(p.vocab)]);
-    gemm_cpu::widen_rows(p.b, 0, 1, bias.get());
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(logits + r * p.vocab, bias.get(), size_t(p.vocab) * 4);
+// dx[r, :] = sum over v of g[r, v] w[v, :] (ld of g = vocab). 16-bit: one OpenMP task per block
+// of H columns, walking w's tiles in order (a fixed order of the sums over v).
+void chunk_dhidden(const Problem& p, const float* g, int64_t rows, float* dx, int64_t lddx,
+                   float* w_tiles) {
+  if (p.f32) {
+    gemm_cpu::sgemm(false, false, rows, p.h, p.vocab, g, p.vocab, static_cast<const float*>(p.w.data),
+                    p.w.row_stride(), 0.0f, dx, lddx);
+    return;
   }
-  for (int64_t v0 = 0; v0 < p.vocab; v0 += p.chunks.vocab_rows) {
-    const int64_t v1 = std::min(p.vocab, v0 + p.chunks.vocab_rows);
-    int64_t ldw = 0;
-    const float* wt = w_rows(p, v0, v1, w_tile, &ldw);
-    gemm_cpu::sgemm(false, true, rows, v1 - v0, p.h, x, ldx, wt, ldw, p.b.defined() ? 1.0f : 0.0f,
-                      logits + v0, p.vocab);
-  }
+  const cpu::RowTasks columns{p.h, cpu::ceil_div(p.h, threads())};
+  cpu::parallel_tasks(columns.count(), [&](int64_t t) {
+    const int64_t h0 = columns.begin(t), width = columns.end(t) - h0;
+    float* wt = w_tiles + int64_t(omp_get_thread_num()) * p.chunks.vocab_rows * p.h;
+    const int64_t tile = std::max<int64_t>(1, p.chunks.vocab_rows * p.h / std::max<int64_t>(width, 1));
+    for (int64_t v0 = 0; v0 < p.vocab; v0 += tile) {
+      const int64_t v1 = std::min(p.vocab, v0 + tile);
+      gemm_cpu::widen_block_serial(p.w, v0, v1, h0, width, wt);
+      gemm_cpu::sgemm_serial(false, false, rows, width, v1 - v0, g + v0, p.vocab, wt, width,
+                             v0 == 0 ? 0.0f : 1.0f, dx + h0, lddx);
+    }
+  });
 }
 
 // Row tasks over a chunk's logit rows: Note [tiling] over L2 with a whole row per unit.
@@ -189,7 +217,7 @@ TensorView row_slice(const TensorView& t, int64_t n0, int64_t n1) {
 FlceChunks flce_chunks(int64_t tokens, int64_t vocab, int64_t hidden) {
   FlceChunks c;
   c.token_rows = std::max<int64_t>(1, std::min(std::max<int64_t>(tokens, 1), rows_in_half_l3(vocab)));
-  c.vocab_rows = std::max<int64_t>(1, std::min(std::max<int64_t>(vocab, 1), rows_in_half_l3(hidden)));
+  c.vocab_rows = std::max<int64_t>(1, std::min(std::max<int64_t>(vocab, 1), rows_in_half_l3(hidden, threads())));
   return c;
 }
 
@@ -208,7 +236,7 @@ void fused_linear_cross_entropy_cpu(const Context&, const TensorView& loss,
   {
     Scratch logits(p.meter, chunk * p.vocab);
     Scratch x_buf(p.meter, p.f32 ? 0 : chunk * p.h);
-    Scratch w_tile(p.meter, p.f32 ? 0 : p.chunks.vocab_rows * p.h);
+    Scratch w_tile(p.meter, p.f32 ? 0 : slots() * p.chunks.vocab_rows * p.h);
     auto* stats_fn = HWY_DYNAMIC_DISPATCH(flce_cpu::row_stats);
     const float ls = p.label_smoothing;
     for (int64_t n0 = 0; n0 < p.tokens; n0 += chunk) {
@@ -250,7 +278,7 @@ void fused_linear_cross_entropy_backward_cpu(
   const double scale = mean_scale(r, target, ignore_index);
   Scratch logits(p.meter, chunk * p.vocab);
   Scratch x_buf(p.meter, p.f32 ? 0 : chunk * p.h);
-  Scratch w_tile(p.meter, p.f32 ? 0 : tile * p.h);
+  Scratch w_tile(p.meter, p.f32 ? 0 : slots() * tile * p.h);
   Scratch dx_buf(p.meter, p.f32 ? 0 : chunk * p.h);
   Scratch dw_acc(p.meter, p.f32 ? 0 : p.vocab * p.h);
   Scratch db_acc(p.meter, p.vocab);
@@ -286,18 +314,10 @@ void fused_linear_cross_entropy_backward_cpu(
     // db += column sums of G in row order.
     for (int64_t row = 0; row < rows; ++row)
       for (int64_t v = 0; v < p.vocab; ++v) db_acc.get()[v] += g[row * p.vocab + v];
-    // dhidden[chunk] = G @ w and dw += G^T @ hidden[chunk], tile by tile of w.
+    // dhidden[chunk] = G @ w; dw += G^T @ hidden[chunk] (whole-k products, Note [one thread pool]).
     float* dxp = p.f32 ? static_cast<float*>(dhidden.data) + n0 * dhidden.row_stride() : dx_buf.get();
-    const int64_t lddx = p.f32 ? dhidden.row_stride() : p.h;
-    for (int64_t v0 = 0; v0 < p.vocab; v0 += tile) {
-      const int64_t v1 = std::min(p.vocab, v0 + tile);
-      int64_t ldw = 0;
-      const float* wt = w_rows(p, v0, v1, w_tile.get(), &ldw);
-      gemm_cpu::sgemm(false, false, rows, p.h, v1 - v0, g + v0, p.vocab, wt, ldw,
-                        v0 == 0 ? 0.0f : 1.0f, dxp, lddx);
-      gemm_cpu::sgemm(true, false, v1 - v0, p.h, rows, g + v0, p.vocab, x, ldx,
-                        n0 == 0 ? 0.0f : 1.0f, dwp + v0 * lddw, lddw);
-    }
+    chunk_dhidden(p, g, rows, dxp, p.f32 ? dhidden.row_stride() : p.h, w_tile.get());
+    gemm_cpu::sgemm(true, false, p.vocab, p.h, rows, g, p.vocab, x, ldx, n0 == 0 ? 0.0f : 1.0f, dwp, lddw);
     if (!p.f32) gemm_cpu::store_rows(dx_buf.get(), p.h, row_slice(dhidden, n0, n1), 0, p.h);
   }
   if (!p.f32) gemm_cpu::store_rows(dwp, lddw, dw, 0, p.h);

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
+#include "backends/cpu/cpu_info.h"
 #include "backends/cpu/convert.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
@@ -33,29 +35,77 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const fl
       for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
     return;
   }
+  // Note [one thread pool]: OpenBLAS runs single-threaded; OpenMP splits C into one block of rows
+  // or columns per thread (the longer side), each a whole-k product, so no sum is split.
+  const int64_t threads = std::max(1, cpu::cpu_info().threads);
+  const bool split_n = n >= m;
+  const cpu::RowTasks blocks{split_n ? n : m, cpu::ceil_div(split_n ? n : m, threads)};
+  cpu::parallel_tasks(blocks.count(), [&](int64_t t) {
+    const int64_t lo = blocks.begin(t), len = blocks.end(t) - lo;
+    const float* at = a;
+    const float* bt = b;
+    float* ct = c;
+    if (split_n) {
+      bt = trans_b ? b + lo * ldb : b + lo;
+      ct = c + lo;
+    } else {
+      at = trans_a ? a + lo : a + lo * lda;
+      ct = c + lo * ldc;
+    }
+    sgemm_serial(trans_a, trans_b, split_n ? m : len, split_n ? len : n, k, at, lda, bt, ldb, beta,
+                 ct, ldc);
+  });
+}
+
+void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  static std::once_flag serial_blas;  // Note [one thread pool]
+  std::call_once(serial_blas, [] { openblas_set_num_threads(1); });
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               blasint(m), blasint(n), blasint(k), 1.0f, a, blasint(std::max<int64_t>(lda, 1)), b,
               blasint(std::max<int64_t>(ldb, 1)), beta, c, blasint(std::max<int64_t>(ldc, 1)));
 }
 
+void widen_block_serial(const TensorView& t, int64_t row_begin, int64_t row_end, int64_t col_begin,
+                        int64_t cols, float* dst) {
+  const int64_t stride = t.row_stride();
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    float* out = dst + (row - row_begin) * cols;
+    const int64_t at = row * stride + col_begin;
+    switch (t.dtype) {
+      case DType::bf16: cpu::bf16_to_f32_n(static_cast<const uint16_t*>(t.data) + at, out, cols); break;
+      case DType::f16: cpu::f16_to_f32_n(static_cast<const uint16_t*>(t.data) + at, out, cols); break;
+      default: std::memcpy(out, static_cast<const float*>(t.data) + at, size_t(cols) * 4);
+    }
+  }
+}
+
+void store_block_serial(const float* src, int64_t ld, const TensorView& dst, int64_t row_begin,
+                        int64_t row_end, int64_t col_begin, int64_t cols) {
+  const int64_t stride = dst.row_stride();
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const float* in = src + (row - row_begin) * ld;
+    const int64_t at = row * stride + col_begin;
+    switch (dst.dtype) {
+      case DType::bf16: cpu::f32_to_bf16_n(in, static_cast<uint16_t*>(dst.data) + at, cols); break;
+      case DType::f16: cpu::f32_to_f16_n(in, static_cast<uint16_t*>(dst.data) + at, cols); break;
+      default: std::memcpy(static_cast<float*>(dst.data) + at, in, size_t(cols) * 4);
+    }
+  }
+}
+
 void widen_rows(const TensorView& t, int64_t row_begin, int64_t row_end, float* dst) {
-  const int64_t cols = t.size(-1), stride = t.row_stride();
+  const int64_t cols = t.size(-1);
   const cpu::RowTasks tasks = row_tasks(row_end - row_begin, cols);
   cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
-    for (int64_t r = tasks.begin(task); r < tasks.end(task); ++r) {
-      const int64_t row = row_begin + r;
-      float* out = dst + r * cols;
-      switch (t.dtype) {
-        case DType::bf16:
-          cpu::bf16_to_f32_n(static_cast<const uint16_t*>(t.data) + row * stride, out, cols);
-          break;
-        case DType::f16:
-          cpu::f16_to_f32_n(static_cast<const uint16_t*>(t.data) + row * stride, out, cols);
-          break;
-        default:
-          std::memcpy(out, static_cast<const float*>(t.data) + row * stride, size_t(cols) * 4);
-      }
-    }
+    widen_block_serial(t, row_begin + tasks.begin(task), row_begin + tasks.end(task), 0, cols,
+                       dst + tasks.begin(task) * cols);
   });
 }
 
@@ -76,18 +126,10 @@ F32Panel f32_rows(const TensorView& t, int64_t row_begin, int64_t row_end) {
 
 void store_rows(const float* src, int64_t ld, const TensorView& dst, int64_t col_begin,
                 int64_t cols) {
-  const int64_t stride = dst.row_stride();
   const cpu::RowTasks tasks = row_tasks(dst.rows(), cols);
   cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
-    for (int64_t row = tasks.begin(task); row < tasks.end(task); ++row) {
-      const float* in = src + row * ld;
-      const int64_t at = row * stride + col_begin;
-      switch (dst.dtype) {
-        case DType::bf16: cpu::f32_to_bf16_n(in, static_cast<uint16_t*>(dst.data) + at, cols); break;
-        case DType::f16: cpu::f32_to_f16_n(in, static_cast<uint16_t*>(dst.data) + at, cols); break;
-        default: std::memcpy(static_cast<float*>(dst.data) + at, in, size_t(cols) * 4);
-      }
-    }
+    store_block_serial(src + tasks.begin(task) * ld, ld, dst, tasks.begin(task), tasks.end(task),
+                       col_begin, cols);
   });
 }
 
