@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -321,10 +322,12 @@ TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
 // fused kernels against the unfused form at vocab 32000, hidden 4096. The unfused form is
 // linear_cpu into materialised [tokens, vocab] logits, a plain cross-entropy over them, the
 // [tokens, vocab] dlogits and linear_backward_cpu; its extra memory is those two tensors (the
-// fused form's is what flce_cpu_last_scratch_bytes() reports).
+// fused form's is what flce_cpu_last_scratch_bytes() reports). OPFORGE_FLCE_BENCH_TOKENS sets the
+// token count (512 by default).
 TEST(FlceCpu, DISABLED_FusedAgainstUnfusedTimeAndMemory) {
   using Clock = std::chrono::steady_clock;
-  const int64_t tokens = 512, h = 4096, vocab = 32000;
+  const char* env = std::getenv("OPFORGE_FLCE_BENCH_TOKENS");
+  const int64_t tokens = env ? std::atoll(env) : 512, h = 4096, vocab = 32000;
   std::vector<double> t(static_cast<size_t>(tokens));
   std::mt19937 gen(17);
   for (double& v : t) v = double(gen() % vocab);

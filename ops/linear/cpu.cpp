@@ -7,20 +7,19 @@
 //
 // Why it is fast: the products are OpenBLAS's cblas_sgemm (packed, register-blocked, AVX2 /
 // AVX-512 micro-kernels), one single-threaded call per OpenMP thread on its block of the output
-// (Note [one thread pool], ops/linear/gemm.h). f32 runs straight on the tensors; the bias is written into y first
-// and the GEMM accumulates onto it (beta = 1), so y is written once more, not read back twice.
-// bf16 / f16: OpenBLAS has no sbgemm here (ops/linear/gemm.h), so x is widened to f32 once and w
-// in tiles of out-rows (Note [tiling]: all threads' tiles in half the L3), one OpenMP task per
-// tile: the task widens its tile (Highway conversions), multiplies it while it is in cache and
-// rounds its y columns once. Decode
-// shapes (1 token) are bound by reading w, which the widening reads once more than an f32 GEMV.
+// (Note [one thread pool], ops/linear/internal.h). f32 runs straight on the tensors; the bias is
+// written into y first and the GEMM accumulates onto it (beta = 1).
+// bf16 / f16: the Debian OpenBLAS has no sbgemm (see the gemm.cpp section of internal.h), so x is
+// widened to f32 once and w in tiles of out-rows (Note [tiling]: all threads' tiles together in
+// half the L3), one OpenMP task per tile: the task widens its tile (Highway conversions),
+// multiplies it while it is in cache and rounds its y columns once. Decode shapes (1 token) are
+// bound by reading w, and the widening writes and reads it once more than an f32 GEMV would.
 // Deterministic: no product is split over k (Note [one thread pool]) and db sums rows in order.
 #include <climits>
 
 #include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
-#include "ops/linear/gemm.h"
 #include "ops/linear/internal.h"
 
 namespace opforge {

@@ -6,22 +6,26 @@
 // has run (targets are in range); sizes below 2^31 (32-bit BLAS interface).
 //
 // Note [flce chunks]: the [tokens, vocab] logits never exist. Tokens are taken in chunks of
-// token_rows = capacity_block(4 bytes x vocab per row, L3, half of it) rows (Note [tiling]): one
-// chunk's f32 logits fill at most half the L3, so the GEMM writes them and the log-sum-exp (or
-// gradient) pass reads them back from cache. Scratch of a call, counted by flce_cpu_last_scratch_
-// bytes(): token_rows x vocab x 4 for the logits; for bf16 / f16 also the chunk of hidden widened
-// to f32 (token_rows x H x 4) and one tile of w widened to f32 per thread (vocab_rows x H x 4
-// each, vocab_rows from the same rule with every thread's tile in half the L3), and in the
-// backward an f32 dhidden chunk and an f32 dw accumulator (vocab x H x 4: Liger's
-// accum_dtype=f32; f32 accumulates straight into dw). The
-// unfused form holds tokens x vocab x 4 of logits and as much again of their gradient.
+// token_rows = max(A, B) rows (at most all tokens): A = capacity_block(4 bytes x vocab per row,
+// L3, half of it) (Note [tiling]), so a chunk's f32 logits fit half the L3; B = Liger's rule,
+// next_pow2(ceil(tokens / ceil(vocab / H))), logits about the size of hidden itself. A alone
+// keeps small batches in cache; B takes over at many tokens, where longer chunks let the GEMMs
+// run near full speed (OpenBLAS re-packs w for every chunk: at 32 rows a [rows x 16000 x 4096]
+// sgemm ran at half the speed of one with 512 rows on the development machine). While A rules,
+// the GEMM writes the logits and the log-sum-exp (or gradient) pass reads them back from cache.
+// Scratch of a call, counted by flce_cpu_last_scratch_bytes(): token_rows x vocab x 4 for the
+// logits; for bf16 / f16 also the chunk of hidden widened to f32 (token_rows x H x 4) and one
+// tile of w widened to f32 per thread (vocab_rows x H x 4 each, vocab_rows with every thread's
+// tile in half the L3), and in the backward an f32 dhidden chunk and an f32 dw accumulator
+// (vocab x H x 4: Liger's accum_dtype=f32; f32 accumulates straight into dw). The unfused form
+// holds tokens x vocab x 4 of logits and as much again of their gradient.
 //
 // Why it is fast: the three products (logits, dhidden = G w, dw += G^T hidden) are OpenBLAS
 // sgemm calls on whole chunks (token_rows x vocab x H each); the per-row passes are Highway
 // vectors (max, then exp and sums in one pass; the gradient is written over the logits in place)
 // with OpenMP over rows. Deterministic: the per-token losses are reduced in token order in
 // double, db and dw sum the chunks in order, and no product is split over k (Note [one thread
-// pool], ops/linear/gemm.h).
+// pool], ops/linear/internal.h).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/linear/flce_cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -79,7 +83,6 @@ HWY_AFTER_NAMESPACE();
 #include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
-#include "ops/linear/gemm.h"
 #include "ops/linear/internal.h"
 
 namespace opforge {
@@ -216,7 +219,12 @@ TensorView row_slice(const TensorView& t, int64_t n0, int64_t n1) {
 
 FlceChunks flce_chunks(int64_t tokens, int64_t vocab, int64_t hidden) {
   FlceChunks c;
-  c.token_rows = std::max<int64_t>(1, std::min(std::max<int64_t>(tokens, 1), rows_in_half_l3(vocab)));
+  // Liger's rule: about as many logits per chunk as hidden has elements, in a power of two.
+  const int64_t inc_factor = cpu::ceil_div(vocab, std::max<int64_t>(hidden, 1));
+  int64_t liger_rows = 1;
+  while (liger_rows < cpu::ceil_div(tokens, inc_factor)) liger_rows *= 2;
+  c.token_rows = std::max(rows_in_half_l3(vocab), liger_rows);
+  c.token_rows = std::max<int64_t>(1, std::min(std::max<int64_t>(tokens, 1), c.token_rows));
   c.vocab_rows = std::max<int64_t>(1, std::min(std::max<int64_t>(vocab, 1), rows_in_half_l3(hidden, threads())));
   return c;
 }

@@ -1,5 +1,5 @@
-// f32 GEMM and panels of the linear family (ops/linear/gemm.h).
-#include "ops/linear/gemm.h"
+// f32 GEMM and panels of the linear family (ops/linear/internal.h).
+#include "ops/linear/internal.h"
 
 #include <cblas.h>
 
