@@ -10,3 +10,11 @@ endif()
 if(OPFORGE_BUILD_BENCH)
   find_package(benchmark REQUIRED)
 endif()
+# OpenBLAS (Debian: libopenblas-dev) gives the CPU GEMMs of ops/linear. Linked privately; the
+# include directory is OpenBLAS's own, so its cblas.h wins over the reference BLAS's.
+find_package(OpenBLAS CONFIG QUIET)
+if(NOT OpenBLAS_FOUND)
+  find_library(OpenBLAS_LIBRARIES NAMES openblas REQUIRED)
+  find_path(OpenBLAS_INCLUDE_DIRS cblas.h PATH_SUFFIXES openblas-pthread openblas REQUIRED)
+endif()
+message(STATUS "opforge: OpenBLAS ${OpenBLAS_VERSION} (${OpenBLAS_LIBRARIES})")

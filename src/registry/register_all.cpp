@@ -2,6 +2,8 @@
 // linked in because this function names it.
 #include "opforge/registry.h"
 #include "ops/activation/activation.h"
+#include "ops/embedding/embedding.h"
+#include "ops/linear/linear.h"
 #include "ops/norm/norm.h"
 #include "ops/quant/quant.h"
 #include "ops/rotary/rotary.h"
@@ -27,6 +29,8 @@ void register_all(Registry& reg) {
   register_quant(reg);
   register_softmax(reg);
   register_loss(reg);
+  register_linear(reg);
+  register_embedding(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);
