@@ -390,6 +390,165 @@ void dq_task(const AttentionRows& a, const AttentionTask& t) {
   }
 }
 
+// ---- decode: one query per sequence, every cache row read once ---------------------------------
+// s[g * stride] = q_g . key for the G query rows q (dp apart) of one kv head; key in storage type.
+template <class T>
+void group_dots(const float* q, int64_t G, int64_t dp, const T* key, float* s, int64_t stride) {
+  int64_t g0 = 0;
+  for (; g0 + 4 <= G; g0 += 4) {
+    const float* q0 = q + g0 * dp;
+    VF a0 = hn::Zero(DF()), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < dp; i += lanes()) {
+      const VF kv = load(key + i);
+      a0 = hn::MulAdd(load(q0 + i), kv, a0);
+      a1 = hn::MulAdd(load(q0 + dp + i), kv, a1);
+      a2 = hn::MulAdd(load(q0 + 2 * dp + i), kv, a2);
+      a3 = hn::MulAdd(load(q0 + 3 * dp + i), kv, a3);
+    }
+    s[g0 * stride] = sum_lanes(a0);
+    s[(g0 + 1) * stride] = sum_lanes(a1);
+    s[(g0 + 2) * stride] = sum_lanes(a2);
+    s[(g0 + 3) * stride] = sum_lanes(a3);
+  }
+  for (; g0 < G; ++g0) {
+    VF a = hn::Zero(DF());
+    for (int64_t i = 0; i < dp; i += lanes()) a = hn::MulAdd(load(q + g0 * dp + i), load(key + i), a);
+    s[g0 * stride] = sum_lanes(a);
+  }
+}
+
+// acc_g += sum_j p[g * stride + j] * values[j] for the G accumulator rows (dp apart) of one kv
+// head and n value rows (storage type, v_step elements apart). Accumulators stay in registers
+// over the keys: 4 rows x 2 vectors at a time; each value vector is widened once per 4 rows.
+template <class T>
+void group_weighted_sum(const float* p, int64_t stride, int64_t n, int64_t G, const T* values,
+                        int64_t v_step, int64_t dp, float* acc) {
+  const int64_t L = lanes();
+  int64_t g0 = 0;
+  for (; g0 + 4 <= G; g0 += 4) {
+    const float* p0 = p + g0 * stride;
+    float* c = acc + g0 * dp;
+    int64_t i = 0;
+    for (; i + 2 * L <= dp; i += 2 * L) {
+      VF a0 = load(c + i), a1 = load(c + dp + i), a2 = load(c + 2 * dp + i), a3 = load(c + 3 * dp + i);
+      VF b0 = load(c + i + L), b1 = load(c + dp + i + L), b2 = load(c + 2 * dp + i + L),
+         b3 = load(c + 3 * dp + i + L);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* v = values + j * v_step + i;
+        const VF x0 = load(v), x1 = load(v + L);
+        VF w = hn::Set(DF(), p0[j]);
+        a0 = hn::MulAdd(w, x0, a0);
+        b0 = hn::MulAdd(w, x1, b0);
+        w = hn::Set(DF(), p0[stride + j]);
+        a1 = hn::MulAdd(w, x0, a1);
+        b1 = hn::MulAdd(w, x1, b1);
+        w = hn::Set(DF(), p0[2 * stride + j]);
+        a2 = hn::MulAdd(w, x0, a2);
+        b2 = hn::MulAdd(w, x1, b2);
+        w = hn::Set(DF(), p0[3 * stride + j]);
+        a3 = hn::MulAdd(w, x0, a3);
+        b3 = hn::MulAdd(w, x1, b3);
+      }
+      store(a0, c + i), store(a1, c + dp + i), store(a2, c + 2 * dp + i), store(a3, c + 3 * dp + i);
+      store(b0, c + i + L), store(b1, c + dp + i + L), store(b2, c + 2 * dp + i + L);
+      store(b3, c + 3 * dp + i + L);
+    }
+    for (; i < dp; i += L) {
+      VF a0 = load(c + i), a1 = load(c + dp + i), a2 = load(c + 2 * dp + i), a3 = load(c + 3 * dp + i);
+      for (int64_t j = 0; j < n; ++j) {
+        const VF x = load(values + j * v_step + i);
+        a0 = hn::MulAdd(hn::Set(DF(), p0[j]), x, a0);
+        a1 = hn::MulAdd(hn::Set(DF(), p0[stride + j]), x, a1);
+        a2 = hn::MulAdd(hn::Set(DF(), p0[2 * stride + j]), x, a2);
+        a3 = hn::MulAdd(hn::Set(DF(), p0[3 * stride + j]), x, a3);
+      }
+      store(a0, c + i), store(a1, c + dp + i), store(a2, c + 2 * dp + i), store(a3, c + 3 * dp + i);
+    }
+  }
+  for (; g0 < G; ++g0)
+    for (int64_t i = 0; i < dp; i += L) {
+      VF a = load(acc + g0 * dp + i);
+      for (int64_t j = 0; j < n; ++j)
+        a = hn::MulAdd(hn::Set(DF(), p[g0 * stride + j]), load(values + j * v_step + i), a);
+      store(a, acc + g0 * dp + i);
+    }
+}
+
+// Softmax of one row's tile scores s[0, n) folded into its state; leaves p in s. Rescales acc.
+void online_scale(float* s, int64_t n, int64_t dp, RowState& st, float* acc) {
+  float tile_max = s[0];
+  for (int64_t j = 1; j < n; ++j) tile_max = std::max(tile_max, s[j]);
+  const float new_max = std::max(st.max, tile_max);
+  if (new_max > st.max && st.sum > 0) {
+    const float alpha = std::exp(st.max - new_max);
+    st.sum *= alpha;
+    const VF va = hn::Set(DF(), alpha);
+    for (int64_t i = 0; i < dp; i += lanes()) store(hn::Mul(load(acc + i), va), acc + i);
+  }
+  st.max = new_max;
+  st.sum += exp_in_place(s, n, 1.0f, new_max);
+}
+
+// Cache rows are read straight from memory (head_dim must be a whole number of vectors here;
+// the driver sends other sizes to forward_task). Rows r = head - kv_head * G, keys in tiles of
+// t.key_block with a score row of the tile per query head.
+// Tokens per pass of group_weighted_sum in decode: a register-blocking factor (accumulator
+// load/store amortised over 8 keys, an 8-deep chain of independent FMAs per accumulator), not a
+// cache tile.
+constexpr int64_t kValueRun = 8;
+
+template <class T> void decode_task_typed(const AttentionRows& a, const AttentionTask& t) {
+  const int64_t dp = a.head_dim, G = a.group;
+  const int64_t heads = t.kv_head_end - t.kv_head, rows = heads * G, tile = t.key_block;
+  Scratch& w = scratch();
+  float* q = sized(w.rows_a, rows * dp);
+  float* acc = sized(w.rows_b, rows * dp);
+  float* s = sized(w.s, rows * tile);
+  if (int64_t(w.state.size()) < rows) w.state.resize(size_t(rows));
+  const int64_t i = t.end - 1;  // the query position
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = (t.q_token0 + i) * a.q_heads + t.kv_head * G + r;
+    widen_row(row_ptr<T>(a.q, row, a.q_stride), a.head_dim, dp, a.scale, q + r * dp);
+    std::fill(acc + r * dp, acc + (r + 1) * dp, 0.0f);
+    w.state[size_t(r)] = RowState{};
+  }
+  for (int64_t j0 = 0; j0 < t.n_keys; j0 += tile) {
+    const int64_t n = std::min(tile, t.n_keys - j0);
+    for (int64_t j = j0; j < j0 + n; ++j)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t row = (t.k_token0 + j) * a.kv_heads + t.kv_head + h;
+        group_dots(q + h * G * dp, G, dp, row_ptr<T>(a.k, row, a.k_stride), s + h * G * tile + (j - j0), tile);
+      }
+    for (int64_t r = 0; r < rows; ++r) online_scale(s + r * tile, n, dp, w.state[size_t(r)], acc + r * dp);
+    // Value rows in runs of kValueRun tokens over all heads: memory is walked in order (a run
+    // is contiguous) while each accumulator is loaded and stored once per run, not per key.
+    for (int64_t jr = j0; jr < j0 + n; jr += kValueRun)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t row = (t.k_token0 + jr) * a.kv_heads + t.kv_head + h;
+        group_weighted_sum(s + h * G * tile + (jr - j0), tile, std::min(kValueRun, j0 + n - jr), G,
+                           row_ptr<T>(a.v, row, a.v_stride), a.kv_heads * a.v_stride, dp,
+                           acc + h * G * dp);
+      }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const RowState& st = w.state[size_t(r)];
+    const int64_t row = (t.q_token0 + i) * a.q_heads + t.kv_head * G + r;
+    narrow_row(acc + r * dp, a.head_dim, st.sum > 0 ? 1.0f / st.sum : 0.0f,
+               row_ptr_mut<T>(a.out, row, a.out_stride));
+  }
+}
+
+void decode_task(const AttentionRows& a, const AttentionTask& t) {
+  switch (a.dtype) {
+    case DType::bf16: return decode_task_typed<bf16_t>(a, t);
+    case DType::f16: return decode_task_typed<f16_t>(a, t);
+    default: return decode_task_typed<float>(a, t);
+  }
+}
+
+// Lanes of the dispatched target (the decode driver's choice of path depends on it).
+int64_t vector_lanes() { return lanes(); }
+
 }  // namespace opforge::attention_cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -403,6 +562,8 @@ HWY_EXPORT(forward_task);
 HWY_EXPORT(delta_rows);
 HWY_EXPORT(dkdv_task);
 HWY_EXPORT(dq_task);
+HWY_EXPORT(decode_task);
+HWY_EXPORT(vector_lanes);
 }  // namespace attention_cpu
 
 namespace {
@@ -500,23 +661,36 @@ void attention_decode_cpu(const Context&, const TensorView& out, const TensorVie
   AttentionRows a = rows_of(q, k_cache, v_cache, softmax_scale);
   a.out = out.data;
   a.out_stride = out.row_stride();
-  const int64_t max_ctx = k_cache.size(1), key_block = key_tile(a.head_dim);
+  const int64_t max_ctx = k_cache.size(1), batch = q.size(0);
   const std::vector<int64_t> lens = index_values(seq_lens);
+  // Cache rows straight from memory when head_dim is whole vectors: the tokens of a sequence are
+  // walked in order over all kv heads of the task, so the cache streams through once. Tasks are
+  // sequences, cut into kv-head ranges only when there are fewer sequences than threads.
+  const bool direct = a.head_dim % HWY_DYNAMIC_DISPATCH(attention_cpu::vector_lanes)() == 0;
+  const int64_t threads = cpu::cpu_info().threads;
+  const int64_t kv_parts = direct ? std::min(a.kv_heads, cpu::ceil_div(threads, batch)) : a.kv_heads;
+  const int64_t kv_per_task = cpu::ceil_div(a.kv_heads, kv_parts);
+  // Keys per tile: one f32 score per (query head of the task, key) in half of L1.
+  const int64_t key_block = direct ? cpu::capacity_block({int64_t(sizeof(float)) * kv_per_task * a.group, 1,
+                                                          cpu::CacheLevel::l1d})
+                                   : key_tile(a.head_dim);
   // One query at position n - 1 of each sequence, seeing keys [0, n) (causal).
   std::vector<AttentionTask> tasks;
-  for (int64_t b = 0; b < q.size(0); ++b)
-    for (int64_t kv_head = 0; kv_head < a.kv_heads; ++kv_head) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t kv_head = 0; kv_head < a.kv_heads; kv_head += kv_per_task) {
       const int64_t n = lens[size_t(b)];
       AttentionTask t;
       t.q_token0 = b - (n - 1);
       t.k_token0 = b * max_ctx;
       t.n_keys = n;
       t.kv_head = kv_head;
+      t.kv_head_end = std::min(a.kv_heads, kv_head + kv_per_task);
       t.begin = n - 1;
       t.end = n;
       t.key_block = key_block;
       tasks.push_back(t);
     }
+  if (direct) return run_tasks(tasks, a, HWY_DYNAMIC_DISPATCH(attention_cpu::decode_task));
   run_tasks(tasks, a, HWY_DYNAMIC_DISPATCH(attention_cpu::forward_task));
 }
 

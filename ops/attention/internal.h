@@ -92,6 +92,7 @@ struct AttentionTask {
   int64_t lse_token0 = -1;  // lse column of position 0, or -1: no lse (decode)
   int64_t n_keys = 0;
   int64_t kv_head = 0;
+  int64_t kv_head_end = 0;  // decode: kv heads [kv_head, kv_head_end) in one task
   int64_t begin = 0, end = 0;  // query (or key) positions of the task
   bool causal = true;
   int64_t window_left = -1;
