@@ -10,7 +10,7 @@
 // - Flash-style tiling: the score matrix never exists. A task owns one sequence, one kv head and
 //   a block of query positions; its rows are (query position, query head of the group), so the
 //   G = Hq / Hkv query heads of a GQA group share every K/V tile (read and widened once per task,
-//   not once per head). Keys come in tiles that fit L1 (Note [tiling]); query blocks are sized so
+//   not once per head). Keys come in tiles of a quarter of L2 (Note [tiling]); query blocks are sized so
 //   the f32 query rows and accumulators of a task fit half of L2.
 // - Online softmax per row: running max m and sum l; a new tile rescales the accumulator only
 //   when the max grows. exp is Highway's vector Exp (1 ulp).
@@ -205,6 +205,195 @@ inline int64_t q_row_of(const AttentionRows& a, const AttentionTask& t, int64_t 
   return (t.q_token0 + i) * a.q_heads + t.kv_head * a.group + g;
 }
 
+// ---- decode: one query per sequence, every cache row read once ---------------------------------
+// s[g * stride + j] = q_g . key_j for the G query rows q (dp apart) of one kv head and keys
+// j in [0, n) (storage type, k_step elements apart). Two keys x four rows at a time: each query
+// vector load feeds two FMAs, each widened key vector four.
+template <class T>
+void group_dots(const float* q, int64_t G, int64_t dp, const T* keys, int64_t k_step, int64_t n,
+                float* s, int64_t stride) {
+  int64_t g0 = 0;
+  for (; g0 + 4 <= G; g0 += 4) {
+    const float* q0 = q + g0 * dp;
+    float* s0 = s + g0 * stride;
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const T* k0 = keys + j * k_step;
+      const T* k1 = k0 + k_step;
+      VF a0 = hn::Zero(DF()), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      for (int64_t i = 0; i < dp; i += lanes()) {
+        const VF x0 = load(k0 + i), x1 = load(k1 + i);
+        VF qv = load(q0 + i);
+        a0 = hn::MulAdd(qv, x0, a0);
+        b0 = hn::MulAdd(qv, x1, b0);
+        qv = load(q0 + dp + i);
+        a1 = hn::MulAdd(qv, x0, a1);
+        b1 = hn::MulAdd(qv, x1, b1);
+        qv = load(q0 + 2 * dp + i);
+        a2 = hn::MulAdd(qv, x0, a2);
+        b2 = hn::MulAdd(qv, x1, b2);
+        qv = load(q0 + 3 * dp + i);
+        a3 = hn::MulAdd(qv, x0, a3);
+        b3 = hn::MulAdd(qv, x1, b3);
+      }
+      s0[j] = sum_lanes(a0), s0[stride + j] = sum_lanes(a1);
+      s0[2 * stride + j] = sum_lanes(a2), s0[3 * stride + j] = sum_lanes(a3);
+      s0[j + 1] = sum_lanes(b0), s0[stride + j + 1] = sum_lanes(b1);
+      s0[2 * stride + j + 1] = sum_lanes(b2), s0[3 * stride + j + 1] = sum_lanes(b3);
+    }
+    for (; j < n; ++j) {
+      const T* k0 = keys + j * k_step;
+      VF a0 = hn::Zero(DF()), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t i = 0; i < dp; i += lanes()) {
+        const VF x = load(k0 + i);
+        a0 = hn::MulAdd(load(q0 + i), x, a0);
+        a1 = hn::MulAdd(load(q0 + dp + i), x, a1);
+        a2 = hn::MulAdd(load(q0 + 2 * dp + i), x, a2);
+        a3 = hn::MulAdd(load(q0 + 3 * dp + i), x, a3);
+      }
+      s0[j] = sum_lanes(a0), s0[stride + j] = sum_lanes(a1);
+      s0[2 * stride + j] = sum_lanes(a2), s0[3 * stride + j] = sum_lanes(a3);
+    }
+  }
+  for (; g0 < G; ++g0)
+    for (int64_t j = 0; j < n; ++j) {
+      VF a = hn::Zero(DF());
+      for (int64_t i = 0; i < dp; i += lanes()) a = hn::MulAdd(load(q + g0 * dp + i), load(keys + j * k_step + i), a);
+      s[g0 * stride + j] = sum_lanes(a);
+    }
+}
+
+// acc_g += sum_j p[g * stride + j] * values[j] for the G accumulator rows (dp apart) of one kv
+// head and n value rows (storage type, v_step elements apart). Accumulators stay in registers
+// over the keys: 4 rows x 2 vectors at a time; each value vector is widened once per 4 rows.
+template <class T>
+void group_weighted_sum(const float* p, int64_t stride, int64_t n, int64_t G, const T* values,
+                        int64_t v_step, int64_t dp, float* acc) {
+  const int64_t L = lanes();
+  int64_t g0 = 0;
+  for (; g0 + 4 <= G; g0 += 4) {
+    const float* p0 = p + g0 * stride;
+    float* c = acc + g0 * dp;
+    int64_t i = 0;
+    for (; i + 2 * L <= dp; i += 2 * L) {
+      VF a0 = load(c + i), a1 = load(c + dp + i), a2 = load(c + 2 * dp + i), a3 = load(c + 3 * dp + i);
+      VF b0 = load(c + i + L), b1 = load(c + dp + i + L), b2 = load(c + 2 * dp + i + L),
+         b3 = load(c + 3 * dp + i + L);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* v = values + j * v_step + i;
+        const VF x0 = load(v), x1 = load(v + L);
+        VF w = hn::Set(DF(), p0[j]);
+        a0 = hn::MulAdd(w, x0, a0);
+        b0 = hn::MulAdd(w, x1, b0);
+        w = hn::Set(DF(), p0[stride + j]);
+        a1 = hn::MulAdd(w, x0, a1);
+        b1 = hn::MulAdd(w, x1, b1);
+        w = hn::Set(DF(), p0[2 * stride + j]);
+        a2 = hn::MulAdd(w, x0, a2);
+        b2 = hn::MulAdd(w, x1, b2);
+        w = hn::Set(DF(), p0[3 * stride + j]);
+        a3 = hn::MulAdd(w, x0, a3);
+        b3 = hn::MulAdd(w, x1, b3);
+      }
+      store(a0, c + i), store(a1, c + dp + i), store(a2, c + 2 * dp + i), store(a3, c + 3 * dp + i);
+      store(b0, c + i + L), store(b1, c + dp + i + L), store(b2, c + 2 * dp + i + L);
+      store(b3, c + 3 * dp + i + L);
+    }
+    for (; i < dp; i += L) {
+      VF a0 = load(c + i), a1 = load(c + dp + i), a2 = load(c + 2 * dp + i), a3 = load(c + 3 * dp + i);
+      for (int64_t j = 0; j < n; ++j) {
+        const VF x = load(values + j * v_step + i);
+        a0 = hn::MulAdd(hn::Set(DF(), p0[j]), x, a0);
+        a1 = hn::MulAdd(hn::Set(DF(), p0[stride + j]), x, a1);
+        a2 = hn::MulAdd(hn::Set(DF(), p0[2 * stride + j]), x, a2);
+        a3 = hn::MulAdd(hn::Set(DF(), p0[3 * stride + j]), x, a3);
+      }
+      store(a0, c + i), store(a1, c + dp + i), store(a2, c + 2 * dp + i), store(a3, c + 3 * dp + i);
+    }
+  }
+  for (; g0 < G; ++g0)
+    for (int64_t i = 0; i < dp; i += L) {
+      VF a = load(acc + g0 * dp + i);
+      for (int64_t j = 0; j < n; ++j)
+        a = hn::MulAdd(hn::Set(DF(), p[g0 * stride + j]), load(values + j * v_step + i), a);
+      store(a, acc + g0 * dp + i);
+    }
+}
+
+// Softmax of one row's tile scores s[0, n) folded into its state; leaves p in s. Rescales acc.
+void online_scale(float* s, int64_t n, int64_t dp, RowState& st, float* acc) {
+  float tile_max = s[0];
+  for (int64_t j = 1; j < n; ++j) tile_max = std::max(tile_max, s[j]);
+  const float new_max = std::max(st.max, tile_max);
+  if (new_max > st.max && st.sum > 0) {
+    const float alpha = std::exp(st.max - new_max);
+    st.sum *= alpha;
+    const VF va = hn::Set(DF(), alpha);
+    for (int64_t i = 0; i < dp; i += lanes()) store(hn::Mul(load(acc + i), va), acc + i);
+  }
+  st.max = new_max;
+  st.sum += exp_in_place(s, n, 1.0f, new_max);
+}
+
+// Cache rows are read straight from memory (head_dim must be a whole number of vectors here;
+// the driver sends other sizes to forward_task). Rows r = head - kv_head * G, keys in tiles of
+// t.key_block with a score row of the tile per query head.
+// Tokens per pass of group_weighted_sum in decode: a register-blocking factor (accumulator
+// load/store amortised over 8 keys, an 8-deep chain of independent FMAs per accumulator), not a
+// cache tile.
+constexpr int64_t kValueRun = 8;
+
+template <class T> void decode_task_typed(const AttentionRows& a, const AttentionTask& t) {
+  const int64_t dp = a.head_dim, G = a.group;
+  const int64_t heads = t.kv_head_end - t.kv_head, rows = heads * G, tile = t.key_block;
+  Scratch& w = scratch();
+  float* q = sized(w.rows_a, rows * dp);
+  float* acc = sized(w.rows_b, rows * dp);
+  float* s = sized(w.s, rows * tile);
+  if (int64_t(w.state.size()) < rows) w.state.resize(size_t(rows));
+  const int64_t i = t.end - 1;  // the query position
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = (t.q_token0 + i) * a.q_heads + t.kv_head * G + r;
+    widen_row(row_ptr<T>(a.q, row, a.q_stride), a.head_dim, dp, a.scale, q + r * dp);
+    std::fill(acc + r * dp, acc + (r + 1) * dp, 0.0f);
+    w.state[size_t(r)] = RowState{};
+  }
+  for (int64_t j0 = 0; j0 < t.n_keys; j0 += tile) {
+    const int64_t n = std::min(tile, t.n_keys - j0);
+    // Key rows in runs of kValueRun tokens over all heads (in memory order, as the values).
+    for (int64_t jr = j0; jr < j0 + n; jr += kValueRun)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t row = (t.k_token0 + jr) * a.kv_heads + t.kv_head + h;
+        group_dots(q + h * G * dp, G, dp, row_ptr<T>(a.k, row, a.k_stride), a.kv_heads * a.k_stride,
+                   std::min(kValueRun, j0 + n - jr), s + h * G * tile + (jr - j0), tile);
+      }
+    for (int64_t r = 0; r < rows; ++r) online_scale(s + r * tile, n, dp, w.state[size_t(r)], acc + r * dp);
+    // Value rows in runs of kValueRun tokens over all heads: memory is walked in order (a run
+    // is contiguous) while each accumulator is loaded and stored once per run, not per key.
+    for (int64_t jr = j0; jr < j0 + n; jr += kValueRun)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t row = (t.k_token0 + jr) * a.kv_heads + t.kv_head + h;
+        group_weighted_sum(s + h * G * tile + (jr - j0), tile, std::min(kValueRun, j0 + n - jr), G,
+                           row_ptr<T>(a.v, row, a.v_stride), a.kv_heads * a.v_stride, dp,
+                           acc + h * G * dp);
+      }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const RowState& st = w.state[size_t(r)];
+    const int64_t row = (t.q_token0 + i) * a.q_heads + t.kv_head * G + r;
+    narrow_row(acc + r * dp, a.head_dim, st.sum > 0 ? 1.0f / st.sum : 0.0f,
+               row_ptr_mut<T>(a.out, row, a.out_stride));
+  }
+}
+
+void decode_task(const AttentionRows& a, const AttentionTask& t) {
+  switch (a.dtype) {
+    case DType::bf16: return decode_task_typed<bf16_t>(a, t);
+    case DType::f16: return decode_task_typed<f16_t>(a, t);
+    default: return decode_task_typed<float>(a, t);
+  }
+}
+
 // Forward (and decode) task: rows r = (i - begin) * G + g.
 template <class T> void forward_task_typed(const AttentionRows& a, const AttentionTask& t) {
   const int64_t dp = padded(a.head_dim), G = a.group, rows = (t.end - t.begin) * G;
@@ -221,7 +410,7 @@ template <class T> void forward_task_typed(const AttentionRows& a, const Attenti
     }
   float* k_tile = sized(w.tile_k, t.key_block * dp);
   float* v_tile = sized(w.tile_v, t.key_block * dp);
-  float* s = sized(w.s, t.key_block);
+  float* s = sized(w.s, G * t.key_block);
   const int64_t k_begin = attention_key_begin(t.begin, t.window_left);
   const int64_t k_end = attention_key_end(t.end - 1, t.n_keys, t.causal);
   for (int64_t j0 = k_begin; j0 < k_end; j0 += t.key_block) {
@@ -230,10 +419,18 @@ template <class T> void forward_task_typed(const AttentionRows& a, const Attenti
     for (int64_t i = t.begin; i < t.end; ++i) {
       const int64_t lo = std::max(j0, attention_key_begin(i, t.window_left));
       const int64_t hi = std::min(j1, attention_key_end(i, t.n_keys, t.causal));
-      for (int64_t g = 0; g < G && lo < hi; ++g) {
-        const int64_t r = (i - t.begin) * G + g;
-        dots(q + r * dp, k_tile + (lo - j0) * dp, hi - lo, dp, s);
-        online_update(s, hi - lo, v_tile + (lo - j0) * dp, dp, w.state[size_t(r)], acc + r * dp);
+      if (lo >= hi) continue;
+      const int64_t r0 = (i - t.begin) * G, off = (lo - j0) * dp;
+      if (G % 4 == 0) {  // the G heads of position i share the key range: 2 keys x 4 heads
+        group_dots(q + r0 * dp, G, dp, k_tile + off, dp, hi - lo, s, t.key_block);
+        for (int64_t g = 0; g < G; ++g)
+          online_scale(s + g * t.key_block, hi - lo, dp, w.state[size_t(r0 + g)], acc + (r0 + g) * dp);
+        group_weighted_sum(s, t.key_block, hi - lo, G, v_tile + off, dp, dp, acc + r0 * dp);
+        continue;
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        dots(q + (r0 + g) * dp, k_tile + off, hi - lo, dp, s);
+        online_update(s, hi - lo, v_tile + off, dp, w.state[size_t(r0 + g)], acc + (r0 + g) * dp);
       }
     }
   }
@@ -390,162 +587,6 @@ void dq_task(const AttentionRows& a, const AttentionTask& t) {
   }
 }
 
-// ---- decode: one query per sequence, every cache row read once ---------------------------------
-// s[g * stride] = q_g . key for the G query rows q (dp apart) of one kv head; key in storage type.
-template <class T>
-void group_dots(const float* q, int64_t G, int64_t dp, const T* key, float* s, int64_t stride) {
-  int64_t g0 = 0;
-  for (; g0 + 4 <= G; g0 += 4) {
-    const float* q0 = q + g0 * dp;
-    VF a0 = hn::Zero(DF()), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = 0; i < dp; i += lanes()) {
-      const VF kv = load(key + i);
-      a0 = hn::MulAdd(load(q0 + i), kv, a0);
-      a1 = hn::MulAdd(load(q0 + dp + i), kv, a1);
-      a2 = hn::MulAdd(load(q0 + 2 * dp + i), kv, a2);
-      a3 = hn::MulAdd(load(q0 + 3 * dp + i), kv, a3);
-    }
-    s[g0 * stride] = sum_lanes(a0);
-    s[(g0 + 1) * stride] = sum_lanes(a1);
-    s[(g0 + 2) * stride] = sum_lanes(a2);
-    s[(g0 + 3) * stride] = sum_lanes(a3);
-  }
-  for (; g0 < G; ++g0) {
-    VF a = hn::Zero(DF());
-    for (int64_t i = 0; i < dp; i += lanes()) a = hn::MulAdd(load(q + g0 * dp + i), load(key + i), a);
-    s[g0 * stride] = sum_lanes(a);
-  }
-}
-
-// acc_g += sum_j p[g * stride + j] * values[j] for the G accumulator rows (dp apart) of one kv
-// head and n value rows (storage type, v_step elements apart). Accumulators stay in registers
-// over the keys: 4 rows x 2 vectors at a time; each value vector is widened once per 4 rows.
-template <class T>
-void group_weighted_sum(const float* p, int64_t stride, int64_t n, int64_t G, const T* values,
-                        int64_t v_step, int64_t dp, float* acc) {
-  const int64_t L = lanes();
-  int64_t g0 = 0;
-  for (; g0 + 4 <= G; g0 += 4) {
-    const float* p0 = p + g0 * stride;
-    float* c = acc + g0 * dp;
-    int64_t i = 0;
-    for (; i + 2 * L <= dp; i += 2 * L) {
-      VF a0 = load(c + i), a1 = load(c + dp + i), a2 = load(c + 2 * dp + i), a3 = load(c + 3 * dp + i);
-      VF b0 = load(c + i + L), b1 = load(c + dp + i + L), b2 = load(c + 2 * dp + i + L),
-         b3 = load(c + 3 * dp + i + L);
-      for (int64_t j = 0; j < n; ++j) {
-        const T* v = values + j * v_step + i;
-        const VF x0 = load(v), x1 = load(v + L);
-        VF w = hn::Set(DF(), p0[j]);
-        a0 = hn::MulAdd(w, x0, a0);
-        b0 = hn::MulAdd(w, x1, b0);
-        w = hn::Set(DF(), p0[stride + j]);
-        a1 = hn::MulAdd(w, x0, a1);
-        b1 = hn::MulAdd(w, x1, b1);
-        w = hn::Set(DF(), p0[2 * stride + j]);
-        a2 = hn::MulAdd(w, x0, a2);
-        b2 = hn::MulAdd(w, x1, b2);
-        w = hn::Set(DF(), p0[3 * stride + j]);
-        a3 = hn::MulAdd(w, x0, a3);
-        b3 = hn::MulAdd(w, x1, b3);
-      }
-      store(a0, c + i), store(a1, c + dp + i), store(a2, c + 2 * dp + i), store(a3, c + 3 * dp + i);
-      store(b0, c + i + L), store(b1, c + dp + i + L), store(b2, c + 2 * dp + i + L);
-      store(b3, c + 3 * dp + i + L);
-    }
-    for (; i < dp; i += L) {
-      VF a0 = load(c + i), a1 = load(c + dp + i), a2 = load(c + 2 * dp + i), a3 = load(c + 3 * dp + i);
-      for (int64_t j = 0; j < n; ++j) {
-        const VF x = load(values + j * v_step + i);
-        a0 = hn::MulAdd(hn::Set(DF(), p0[j]), x, a0);
-        a1 = hn::MulAdd(hn::Set(DF(), p0[stride + j]), x, a1);
-        a2 = hn::MulAdd(hn::Set(DF(), p0[2 * stride + j]), x, a2);
-        a3 = hn::MulAdd(hn::Set(DF(), p0[3 * stride + j]), x, a3);
-      }
-      store(a0, c + i), store(a1, c + dp + i), store(a2, c + 2 * dp + i), store(a3, c + 3 * dp + i);
-    }
-  }
-  for (; g0 < G; ++g0)
-    for (int64_t i = 0; i < dp; i += L) {
-      VF a = load(acc + g0 * dp + i);
-      for (int64_t j = 0; j < n; ++j)
-        a = hn::MulAdd(hn::Set(DF(), p[g0 * stride + j]), load(values + j * v_step + i), a);
-      store(a, acc + g0 * dp + i);
-    }
-}
-
-// Softmax of one row's tile scores s[0, n) folded into its state; leaves p in s. Rescales acc.
-void online_scale(float* s, int64_t n, int64_t dp, RowState& st, float* acc) {
-  float tile_max = s[0];
-  for (int64_t j = 1; j < n; ++j) tile_max = std::max(tile_max, s[j]);
-  const float new_max = std::max(st.max, tile_max);
-  if (new_max > st.max && st.sum > 0) {
-    const float alpha = std::exp(st.max - new_max);
-    st.sum *= alpha;
-    const VF va = hn::Set(DF(), alpha);
-    for (int64_t i = 0; i < dp; i += lanes()) store(hn::Mul(load(acc + i), va), acc + i);
-  }
-  st.max = new_max;
-  st.sum += exp_in_place(s, n, 1.0f, new_max);
-}
-
-// Cache rows are read straight from memory (head_dim must be a whole number of vectors here;
-// the driver sends other sizes to forward_task). Rows r = head - kv_head * G, keys in tiles of
-// t.key_block with a score row of the tile per query head.
-// Tokens per pass of group_weighted_sum in decode: a register-blocking factor (accumulator
-// load/store amortised over 8 keys, an 8-deep chain of independent FMAs per accumulator), not a
-// cache tile.
-constexpr int64_t kValueRun = 8;
-
-template <class T> void decode_task_typed(const AttentionRows& a, const AttentionTask& t) {
-  const int64_t dp = a.head_dim, G = a.group;
-  const int64_t heads = t.kv_head_end - t.kv_head, rows = heads * G, tile = t.key_block;
-  Scratch& w = scratch();
-  float* q = sized(w.rows_a, rows * dp);
-  float* acc = sized(w.rows_b, rows * dp);
-  float* s = sized(w.s, rows * tile);
-  if (int64_t(w.state.size()) < rows) w.state.resize(size_t(rows));
-  const int64_t i = t.end - 1;  // the query position
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t row = (t.q_token0 + i) * a.q_heads + t.kv_head * G + r;
-    widen_row(row_ptr<T>(a.q, row, a.q_stride), a.head_dim, dp, a.scale, q + r * dp);
-    std::fill(acc + r * dp, acc + (r + 1) * dp, 0.0f);
-    w.state[size_t(r)] = RowState{};
-  }
-  for (int64_t j0 = 0; j0 < t.n_keys; j0 += tile) {
-    const int64_t n = std::min(tile, t.n_keys - j0);
-    for (int64_t j = j0; j < j0 + n; ++j)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t row = (t.k_token0 + j) * a.kv_heads + t.kv_head + h;
-        group_dots(q + h * G * dp, G, dp, row_ptr<T>(a.k, row, a.k_stride), s + h * G * tile + (j - j0), tile);
-      }
-    for (int64_t r = 0; r < rows; ++r) online_scale(s + r * tile, n, dp, w.state[size_t(r)], acc + r * dp);
-    // Value rows in runs of kValueRun tokens over all heads: memory is walked in order (a run
-    // is contiguous) while each accumulator is loaded and stored once per run, not per key.
-    for (int64_t jr = j0; jr < j0 + n; jr += kValueRun)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t row = (t.k_token0 + jr) * a.kv_heads + t.kv_head + h;
-        group_weighted_sum(s + h * G * tile + (jr - j0), tile, std::min(kValueRun, j0 + n - jr), G,
-                           row_ptr<T>(a.v, row, a.v_stride), a.kv_heads * a.v_stride, dp,
-                           acc + h * G * dp);
-      }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const RowState& st = w.state[size_t(r)];
-    const int64_t row = (t.q_token0 + i) * a.q_heads + t.kv_head * G + r;
-    narrow_row(acc + r * dp, a.head_dim, st.sum > 0 ? 1.0f / st.sum : 0.0f,
-               row_ptr_mut<T>(a.out, row, a.out_stride));
-  }
-}
-
-void decode_task(const AttentionRows& a, const AttentionTask& t) {
-  switch (a.dtype) {
-    case DType::bf16: return decode_task_typed<bf16_t>(a, t);
-    case DType::f16: return decode_task_typed<f16_t>(a, t);
-    default: return decode_task_typed<float>(a, t);
-  }
-}
-
 // Lanes of the dispatched target (the decode driver's choice of path depends on it).
 int64_t vector_lanes() { return lanes(); }
 
@@ -595,8 +636,10 @@ int64_t block_of(int64_t tensors, int64_t head_dim, cpu::CacheLevel level) {
   return cpu::capacity_block(spec);
 }
 
-// Keys per tile of the forward and dq tasks: the widened K and V rows of a tile stay in L1.
-int64_t key_tile(int64_t head_dim) { return block_of(2, head_dim, cpu::CacheLevel::l1d); }
+// Keys per tile of the forward and dq tasks: the widened K and V rows of a tile take a quarter
+// of L2 (the task's query rows take about half), so every query row of the task re-reads the
+// tile from L2; larger tiles amortise the per-tile softmax bookkeeping (max, rescale, exp).
+int64_t key_tile(int64_t head_dim) { return block_of(4, head_dim, cpu::CacheLevel::l2); }
 
 // Tasks over (sequence, kv head, block of positions) of a packed batch.
 std::vector<AttentionTask> prefill_tasks(const std::vector<int64_t>& cu, int64_t kv_heads,
