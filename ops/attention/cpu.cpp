@@ -120,17 +120,6 @@ void weighted_sum(const float* w, const float* rows, int64_t n, int64_t dp, floa
   }
 }
 
-// acc_rows[j] += w[j] * x for j in [0, n); acc rows dp apart.
-void rank1_update(const float* w, int64_t n, const float* x, int64_t dp, float* acc_rows) {
-  for (int64_t i = 0; i < dp; i += lanes()) {
-    const VF xv = load(x + i);
-    for (int64_t j = 0; j < n; ++j) {
-      float* a = acc_rows + j * dp + i;
-      store(hn::MulAdd(hn::Set(DF(), w[j]), xv, load(a)), a);
-    }
-  }
-}
-
 // s[j] = exp(s[j] * mul - sub) for j in [0, n); returns their sum.
 float exp_in_place(float* s, int64_t n, float mul, float sub) {
   const DF d;
@@ -479,28 +468,63 @@ void delta_rows(const AttentionRows& a, const void* out, int64_t out_stride, flo
   }
 }
 
-// p[j] = exp(scale * q.k_j - lse) and ds[j] = scale * p[j] * (dout.v_j - delta), j in [0, n).
-void probabilities_and_ds(const AttentionRows& a, const float* q, const float* dout,
-                          const float* k_rows, const float* v_rows, int64_t n, int64_t dp,
-                          float lse, float delta, float* p, float* ds) {
-  dots(q, k_rows, n, dp, p);
-  exp_in_place(p, n, a.scale, lse);
-  dots(dout, v_rows, n, dp, ds);
-  for (int64_t j = 0; j < n; ++j) ds[j] = a.scale * p[j] * (ds[j] - delta);
+// For the G query rows of one position (q, dout: G rows dp apart) and n keys (tile rows dp
+// apart): p[g * stride + j] = exp(scale * q_g . k_j - lse_g) and
+// ds[g * stride + j] = scale * p * (dout_g . v_j - delta_g). lse_g, delta_g are `step` apart.
+void group_probabilities(const AttentionRows& a, const float* q, const float* dout, const float* k_rows,
+                         const float* v_rows, int64_t n, int64_t dp, const float* lse,
+                         const float* delta, int64_t step, float* p, float* ds, int64_t stride) {
+  const int64_t G = a.group;
+  group_dots(q, G, dp, k_rows, dp, n, p, stride);
+  group_dots(dout, G, dp, v_rows, dp, n, ds, stride);
+  for (int64_t g = 0; g < G; ++g) {
+    float* pg = p + g * stride;
+    float* dg = ds + g * stride;
+    exp_in_place(pg, n, a.scale, lse[g * step]);
+    const float d = delta[g * step];
+    for (int64_t j = 0; j < n; ++j) dg[j] = a.scale * pg[j] * (dg[j] - d);
+  }
 }
 
-// dk, dv task: keys [begin, end) of one kv head; every query (and head of the group) seeing them.
+// acc_j += sum_g w[g * stride + j] * x_g for the n accumulator rows j (dp apart) and the G rows x
+// (dp apart): dk and dv of a key tile take the G heads of a query position in one pass.
+void rows_weighted(const float* w, int64_t stride, int64_t G, const float* x, int64_t n, int64_t dp,
+                   float* acc) {
+  const int64_t L = lanes();
+  for (int64_t j = 0; j < n; ++j) {
+    float* c = acc + j * dp;
+    int64_t i = 0;
+    for (; i + 2 * L <= dp; i += 2 * L) {
+      VF a0 = load(c + i), a1 = load(c + i + L);
+      for (int64_t g = 0; g < G; ++g) {
+        const VF wg = hn::Set(DF(), w[g * stride + j]);
+        a0 = hn::MulAdd(wg, load(x + g * dp + i), a0);
+        a1 = hn::MulAdd(wg, load(x + g * dp + i + L), a1);
+      }
+      store(a0, c + i);
+      store(a1, c + i + L);
+    }
+    for (; i < dp; i += L) {
+      VF a0 = load(c + i);
+      for (int64_t g = 0; g < G; ++g) a0 = hn::MulAdd(hn::Set(DF(), w[g * stride + j]), load(x + g * dp + i), a0);
+      store(a0, c + i);
+    }
+  }
+}
+
+// dk, dv task: keys [begin, end) of one kv head; every query position seeing them, with the G
+// heads of the position together.
 template <class T> void dkdv_task_typed(const AttentionRows& a, const AttentionTask& t) {
-  const int64_t dp = padded(a.head_dim), nk = t.end - t.begin;
+  const int64_t dp = padded(a.head_dim), nk = t.end - t.begin, G = a.group;
   Scratch& w = scratch();
   float* k_tile = sized(w.tile_k, nk * dp);
   float* v_tile = sized(w.tile_v, nk * dp);
   float* dk = sized(w.tile_dk, nk * dp);
   float* dv = sized(w.tile_dv, nk * dp);
-  float* q = sized(w.rows_a, dp);
-  float* dout = sized(w.rows_b, dp);
-  float* p = sized(w.s, nk);
-  float* ds = sized(w.s2, nk);
+  float* q = sized(w.rows_a, G * dp);
+  float* dout = sized(w.rows_b, G * dp);
+  float* p = sized(w.s, G * nk);
+  float* ds = sized(w.s2, G * nk);
   load_tile<T>(a, t, t.begin, t.end, dp, k_tile, v_tile);
   std::fill(dk, dk + nk * dp, 0.0f);
   std::fill(dv, dv + nk * dp, 0.0f);
@@ -509,17 +533,17 @@ template <class T> void dkdv_task_typed(const AttentionRows& a, const AttentionT
   for (int64_t i = i_begin; i < i_end; ++i) {
     const int64_t lo = std::max(t.begin, attention_key_begin(i, t.window_left));
     const int64_t hi = std::min(t.end, attention_key_end(i, t.n_keys, t.causal));
-    for (int64_t g = 0; g < a.group && lo < hi; ++g) {
-      const int64_t row = q_row_of(a, t, i, g), h = t.kv_head * a.group + g;
-      const int64_t col = h * a.tokens + t.lse_token0 + i;
-      widen_row(row_ptr<T>(a.q, row, a.q_stride), a.head_dim, dp, 1.0f, q);
-      widen_row(row_ptr<T>(a.dout, row, a.dout_stride), a.head_dim, dp, 1.0f, dout);
-      const int64_t off = (lo - t.begin) * dp;
-      probabilities_and_ds(a, q, dout, k_tile + off, v_tile + off, hi - lo, dp, a.lse[col],
-                           a.delta[col], p, ds);
-      rank1_update(p, hi - lo, dout, dp, dv + off);
-      rank1_update(ds, hi - lo, q, dp, dk + off);
+    if (lo >= hi) continue;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t row = q_row_of(a, t, i, g);
+      widen_row(row_ptr<T>(a.q, row, a.q_stride), a.head_dim, dp, 1.0f, q + g * dp);
+      widen_row(row_ptr<T>(a.dout, row, a.dout_stride), a.head_dim, dp, 1.0f, dout + g * dp);
     }
+    const int64_t col = t.kv_head * G * a.tokens + t.lse_token0 + i, off = (lo - t.begin) * dp;
+    group_probabilities(a, q, dout, k_tile + off, v_tile + off, hi - lo, dp, a.lse + col,
+                        a.delta + col, a.tokens, p, ds, nk);
+    rows_weighted(p, nk, G, dout, hi - lo, dp, dv + off);
+    rows_weighted(ds, nk, G, q, hi - lo, dp, dk + off);
   }
   for (int64_t j = t.begin; j < t.end; ++j) {
     const int64_t row = (t.k_token0 + j) * a.kv_heads + t.kv_head;
@@ -544,8 +568,8 @@ template <class T> void dq_task_typed(const AttentionRows& a, const AttentionTas
     }
   float* k_tile = sized(w.tile_k, t.key_block * dp);
   float* v_tile = sized(w.tile_v, t.key_block * dp);
-  float* p = sized(w.s, t.key_block);
-  float* ds = sized(w.s2, t.key_block);
+  float* p = sized(w.s, G * t.key_block);
+  float* ds = sized(w.s2, G * t.key_block);
   const int64_t k_begin = attention_key_begin(t.begin, t.window_left);
   const int64_t k_end = attention_key_end(t.end - 1, t.n_keys, t.causal);
   for (int64_t j0 = k_begin; j0 < k_end; j0 += t.key_block) {
@@ -554,14 +578,12 @@ template <class T> void dq_task_typed(const AttentionRows& a, const AttentionTas
     for (int64_t i = t.begin; i < t.end; ++i) {
       const int64_t lo = std::max(j0, attention_key_begin(i, t.window_left));
       const int64_t hi = std::min(j1, attention_key_end(i, t.n_keys, t.causal));
-      for (int64_t g = 0; g < G && lo < hi; ++g) {
-        const int64_t r = (i - t.begin) * G + g;
-        const int64_t col = (t.kv_head * G + g) * a.tokens + t.lse_token0 + i;
-        const int64_t off = (lo - j0) * dp;
-        probabilities_and_ds(a, q + r * dp, dout + r * dp, k_tile + off, v_tile + off, hi - lo, dp,
-                             a.lse[col], a.delta[col], p, ds);
-        weighted_sum(ds, k_tile + off, hi - lo, dp, dq + r * dp);
-      }
+      if (lo >= hi) continue;
+      const int64_t r0 = (i - t.begin) * G, off = (lo - j0) * dp;
+      const int64_t col = t.kv_head * G * a.tokens + t.lse_token0 + i;
+      group_probabilities(a, q + r0 * dp, dout + r0 * dp, k_tile + off, v_tile + off, hi - lo, dp,
+                          a.lse + col, a.delta + col, a.tokens, p, ds, t.key_block);
+      group_weighted_sum(ds, t.key_block, hi - lo, G, k_tile + off, dp, dp, dq + r0 * dp);
     }
   }
   for (int64_t i = t.begin; i < t.end; ++i)
