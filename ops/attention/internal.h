@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cpu/parallel.h"
+#include "backends/cpu/tiling.h"
 #include "ops/attention/attention.h"
 
 namespace opforge {
@@ -98,5 +100,25 @@ struct AttentionTask {
   int64_t window_left = -1;
   int64_t key_block = 1;  // keys per tile (Note [tiling])
 };
+
+// ---- cpu.cpp: what the cpu drivers (cpu.cpp, cpu_backward.cpp) share -------------------------
+// Fields of AttentionRows common to every kernel: dtype, sizes, scale, q / k / v.
+AttentionRows attention_rows_of(const TensorView& q, const TensorView& k, const TensorView& v,
+                                double softmax_scale);
+// Note [tiling]: units of `tensors` f32 rows of head_dim that fit the given cache level.
+int64_t attention_block(int64_t tensors, int64_t head_dim, cpu::CacheLevel level);
+// Keys per K/V tile of the forward and dq tasks.
+int64_t attention_key_tile(int64_t head_dim);
+// Tasks over (sequence, kv head, block of `block` positions) of a packed batch.
+std::vector<AttentionTask> attention_prefill_tasks(const std::vector<int64_t>& cu, int64_t kv_heads,
+                                                   int64_t block, int64_t key_block, bool causal,
+                                                   int64_t window_left);
+// nullptr when the cpu kernels take q's dtype and device, else why not.
+const char* attention_cpu_dtype_reason(const TensorView& q);
+
+template <class Fn>
+void run_attention_tasks(const std::vector<AttentionTask>& tasks, const AttentionRows& a, Fn* fn) {
+  cpu::parallel_tasks(int64_t(tasks.size()), [&](int64_t i) { fn(a, tasks[size_t(i)]); });
+}
 
 }  // namespace opforge
