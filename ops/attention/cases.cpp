@@ -6,7 +6,8 @@
 // tokens at all, head_dim not a multiple of any vector width, a window shorter than the sequence,
 // GQA ratios 1 / 4 / 8, int64 offsets, an explicit scale, padded rows.
 // Decode: batch 8 and 32 with a 2048-token cache (large), and edge cases: a sequence of length 0,
-// length 1, a full cache, odd head_dim, GQA ratios, padded rows, no sequences.
+// length 1, a full cache, odd head_dim, GQA ratios, padded rows, no sequences, one sequence (its
+// kv heads split over tasks).
 // The backward ops see the forward's shapes with dout, out ~ N(0, 1) and lse ~ U(2, 4): they are
 // compared with the reference backward on the same inputs; grad mode derives its inputs from the
 // forward instead.
@@ -187,6 +188,7 @@ std::vector<Case> attention_decode_cases() {
   add("b2_gqa8", G::edge, {{7, 2}, 8, {8, 1, 16}});
   add("b2_rows_pad5_scale0.2", G::edge, {{6, 3}, 6, {4, 2, 20}, 5, 0.2});
   add("b3_d128_ctx70", G::edge, {{70, 33, 69}, 70, {8, 2, 128}});
+  add("b1_kv_heads_split_across_threads", G::edge, {{45}, 50, {16, 4, 64}});
   return cases;
 }
 
