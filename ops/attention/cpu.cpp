@@ -38,6 +38,16 @@
 // per element for q.k and 2G for p.v over 2 bytes each of K and V), so at G = 4 a 2-core AVX2
 // machine copying ~20 GB/s needs ~80 GFLOP/s to be memory-bound: decode sits at the ridge and is
 // bound by FMA and load issue, not by memory, on such hosts (G = 1 would be memory-bound).
+//
+// Measured (2-core AMD EPYC VM, AVX2 target, shared with other jobs: load average 13-16 on its 2
+// cores during the runs; 2026-11-26). `opforge bench --group large --dtype bf16 --no-reference`,
+// copy ceiling 2.9 GB/s in the same run: decode h32/kv8/d128, context 2048, batch 8 / 32 / 16
+// (mixed lengths): 17% / 21% / 14% of copy; prefill 2 x 512 tokens causal h32/kv8/d128 at 3.3
+// GFLOP/s, backward 2.4 GFLOP/s (wall clock, so mostly the share of the cores it got). Process
+// CPU time of one thread, which the sharing does not dilute: prefill 21 GFLOP/s, backward 15
+// GFLOP/s (10 flops per pair and dim), decode 3.5 GB/s of cache read while memcpy of the same
+// bytes reaches 18-20 GB/s (read + written) per core, i.e. ~18% of copy: the FMA/load-bound
+// regime the roofline above predicts for G = 4 on AVX2.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/attention/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
