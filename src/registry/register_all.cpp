@@ -4,6 +4,7 @@
 #include "ops/activation/activation.h"
 #include "ops/embedding/embedding.h"
 #include "ops/linear/linear.h"
+#include "ops/attention/attention.h"
 #include "ops/norm/norm.h"
 #include "ops/quant/quant.h"
 #include "ops/rotary/rotary.h"
@@ -31,6 +32,7 @@ void register_all(Registry& reg) {
   register_loss(reg);
   register_linear(reg);
   register_embedding(reg);
+  register_attention(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);
