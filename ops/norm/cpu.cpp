@@ -48,27 +48,77 @@ HWY_INLINE VF fused_sum(const T* x, const T* residual, int64_t i, size_t count) 
   return round_to<T>(hn::Add(load_n(x + i, count), load_n(residual + i, count)));
 }
 
+// The same for a pair step (Note [pair order]).
+template <class T>
+HWY_INLINE void fused_sum_pair(const T* x, const T* residual, int64_t i, VF& a, VF& b) {
+  VF xa, xb, ra, rb;
+  load_pair(x + i, xa, xb);
+  load_pair(residual + i, ra, rb);
+  a = round_to<T>(hn::Add(xa, ra));
+  b = round_to<T>(hn::Add(xb, rb));
+}
+
+// Sum over a row in pair steps: pair(i, acc_a, acc_b) adds a pair step, tail(i, count, acc) a
+// tail vector. Four accumulators: consecutive multiply-adds do not wait on each other.
+template <class Pair, class Tail> HWY_INLINE float sum_pairs(int64_t n, Pair&& pair, Tail&& tail) {
+  const DF d;
+  const int64_t step = 2 * int64_t(hn::Lanes(d));
+  VF a0 = hn::Zero(d), b0 = hn::Zero(d), a1 = hn::Zero(d), b1 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * step <= n; i += 2 * step) {
+    pair(i, a0, b0);
+    pair(i + step, a1, b1);
+  }
+  if (i + step <= n) {
+    pair(i, a0, b0);
+    i += step;
+  }
+  for (; i < n; i += step / 2) tail(i, size_t(std::min(step / 2, n - i)), a1);
+  return sum_lanes(hn::Add(hn::Add(a0, b0), hn::Add(a1, b1)));
+}
+
 // One forward row. Fused: pass 1 writes s (which may alias residual: each lane is read before it
 // is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then).
 template <class T, bool kFused>
 void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, int64_t hidden,
                  float eps) {
-  const float sum_sq = sum_over(hidden, [&](int64_t i, size_t count, VF& acc) {
-    VF v;
-    if constexpr (kFused) {
-      v = fused_sum(x, residual, i, count);
-      store_n(v, s + i, count);
-    } else {
-      v = load_n(x + i, count);
-    }
-    acc = hn::MulAdd(v, v, acc);
-  });
+  const float sum_sq = sum_pairs(
+      hidden,
+      [&](int64_t i, VF& acc_a, VF& acc_b) {
+        VF a, b;
+        if constexpr (kFused) {
+          fused_sum_pair(x, residual, i, a, b);
+          store_pair_exact(a, b, s + i);
+        } else {
+          load_pair(x + i, a, b);
+        }
+        acc_a = hn::MulAdd(a, a, acc_a);
+        acc_b = hn::MulAdd(b, b, acc_b);
+      },
+      [&](int64_t i, size_t count, VF& acc) {
+        VF v;
+        if constexpr (kFused) {
+          v = fused_sum(x, residual, i, count);
+          store_n(v, s + i, count);
+        } else {
+          v = load_n(x + i, count);
+        }
+        acc = hn::MulAdd(v, v, acc);
+      });
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
   const VF vr = hn::Set(DF(), rstd);
   const T* src = kFused ? s : x;
-  for_each_vector(hidden, [&](int64_t i, size_t count) {
-    store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
-  });
+  for_each_pair(
+      hidden,
+      [&](int64_t i) {
+        VF a, b, ga, gb;
+        load_pair(src + i, a, b);
+        load_scratch(gain + i, ga, gb);
+        store_pair(hn::Mul(hn::Mul(a, vr), ga), hn::Mul(hn::Mul(b, vr), gb), y + i);
+      },
+      [&](int64_t i, size_t count) {
+        store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
+      });
 }
 
 template <class T, bool kFused>
@@ -112,29 +162,79 @@ template <class T, bool kFused> HWY_INLINE VF input_at(const BackwardRow<T>& r, 
   return load_n(r.x + i, count);
 }
 
-// One backward row; adds dy * s * rstd into `partial` (f32, hidden long).
+template <class T, bool kFused>
+HWY_INLINE void input_pair(const BackwardRow<T>& r, int64_t i, VF& a, VF& b) {
+  if constexpr (kFused) fused_sum_pair(r.x, r.residual, i, a, b);
+  else load_pair(r.x + i, a, b);
+}
+
+// The backward terms of lanes holding input v, upstream dy, gain g (and ds): dx into `dx`, and
+// the dw partial `partial` += dy * v * rstd.
+struct BackwardCoef {
+  VF rstd, coef;
+};
+HWY_INLINE VF backward_dx(const BackwardCoef& k, VF v, VF dy, VF g) {
+  return hn::NegMulAdd(k.coef, v, hn::Mul(k.rstd, hn::Mul(dy, g)));  // rstd*m - coef*x
+}
+
+// One backward row; adds dy * s * rstd into `partial` (f32, hidden long, Note [pair order]).
 template <class T, bool kFused>
 void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, int64_t hidden,
                   float eps) {
-  auto [sum_sq, sum_mx] = sum_over2(hidden, [&](int64_t i, size_t count, VF& acc_sq, VF& acc_mx) {
-    const VF v = input_at<T, kFused>(r, i, count);
-    const VF m = hn::Mul(load_n(r.dy + i, count), load_n(gain + i, count));
-    acc_sq = hn::MulAdd(v, v, acc_sq);
-    acc_mx = hn::MulAdd(m, v, acc_mx);
-  });
+  const DF d;
+  VF sq_a = hn::Zero(d), sq_b = hn::Zero(d), mx_a = hn::Zero(d), mx_b = hn::Zero(d);
+  for_each_pair(
+      hidden,
+      [&](int64_t i) {
+        VF va, vb, dya, dyb, ga, gb;
+        input_pair<T, kFused>(r, i, va, vb);
+        load_pair(r.dy + i, dya, dyb);
+        load_scratch(gain + i, ga, gb);
+        sq_a = hn::MulAdd(va, va, sq_a);
+        sq_b = hn::MulAdd(vb, vb, sq_b);
+        mx_a = hn::MulAdd(hn::Mul(dya, ga), va, mx_a);
+        mx_b = hn::MulAdd(hn::Mul(dyb, gb), vb, mx_b);
+      },
+      [&](int64_t i, size_t count) {
+        const VF v = input_at<T, kFused>(r, i, count);
+        sq_a = hn::MulAdd(v, v, sq_a);
+        mx_a = hn::MulAdd(hn::Mul(load_n(r.dy + i, count), load_n(gain + i, count)), v, mx_a);
+      });
+  const float sum_sq = sum_lanes(hn::Add(sq_a, sq_b)), sum_mx = sum_lanes(hn::Add(mx_a, mx_b));
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
   const float coef = rstd * rstd * rstd / float(hidden) * sum_mx;
-  const VF vr = hn::Set(DF(), rstd), vc = hn::Set(DF(), coef);
-  for_each_vector(hidden, [&](int64_t i, size_t count) {
-    const VF v = input_at<T, kFused>(r, i, count);
-    const VF dy = load_n(r.dy + i, count);
-    const VF m = hn::Mul(dy, load_n(gain + i, count));
-    VF dx = hn::NegMulAdd(vc, v, hn::Mul(vr, m));  // rstd*m - coef*x
-    if constexpr (kFused) dx = hn::Add(dx, load_n(r.ds + i, count));
-    store_n(dx, r.dx + i, count);
-    if constexpr (kFused) store_n(dx, r.dresidual + i, count);
-    store_n(hn::MulAdd(hn::Mul(dy, v), vr, load_n(partial + i, count)), partial + i, count);
-  });
+  const BackwardCoef k{hn::Set(d, rstd), hn::Set(d, coef)};
+  for_each_pair(
+      hidden,
+      [&](int64_t i) {
+        VF va, vb, dya, dyb, ga, gb, pa, pb;
+        input_pair<T, kFused>(r, i, va, vb);
+        load_pair(r.dy + i, dya, dyb);
+        load_scratch(gain + i, ga, gb);
+        VF dxa = backward_dx(k, va, dya, ga), dxb = backward_dx(k, vb, dyb, gb);
+        if constexpr (kFused) {
+          VF dsa, dsb;
+          load_pair(r.ds + i, dsa, dsb);
+          dxa = hn::Add(dxa, dsa);
+          dxb = hn::Add(dxb, dsb);
+          store_pair(dxa, dxb, r.dresidual + i);
+        }
+        store_pair(dxa, dxb, r.dx + i);
+        load_scratch(partial + i, pa, pb);
+        store_scratch(hn::MulAdd(hn::Mul(dya, va), k.rstd, pa),
+                      hn::MulAdd(hn::Mul(dyb, vb), k.rstd, pb), partial + i);
+      },
+      [&](int64_t i, size_t count) {
+        const VF v = input_at<T, kFused>(r, i, count);
+        const VF dy = load_n(r.dy + i, count);
+        VF dx = backward_dx(k, v, dy, load_n(gain + i, count));
+        if constexpr (kFused) {
+          dx = hn::Add(dx, load_n(r.ds + i, count));
+          store_n(dx, r.dresidual + i, count);
+        }
+        store_n(dx, r.dx + i, count);
+        store_n(hn::MulAdd(hn::Mul(dy, v), k.rstd, load_n(partial + i, count)), partial + i, count);
+      });
 }
 
 template <class T, bool kFused>
@@ -170,16 +270,30 @@ void norm_backward_chunk(const NormBackwardRows& a, int64_t begin, int64_t end, 
   }
 }
 
-// dw[j] = sum over chunks c, in order, of partials[c * hidden + j], for j in [begin, end).
+// dw[j] = sum over chunks c, in order, of partials[c * hidden + j], for j in [begin, end). The
+// partials are in Note [pair order]: begin is a multiple of the pair step (run_backward's column
+// tasks are), so pair steps of dw line up with those of the rows.
 template <class T>
 void reduce_partials_typed(const float* partials, int64_t n_chunks, int64_t hidden, T* dw,
                            int64_t begin, int64_t end) {
-  for_each_vector(end - begin, [&](int64_t i, size_t count) {
-    const int64_t j = begin + i;
+  const int64_t lanes = int64_t(hn::Lanes(DF())), pairs_end = std::min(end, pair_end(hidden));
+  int64_t j = begin;
+  for (; j + 2 * lanes <= pairs_end; j += 2 * lanes) {
+    VF sum_a = hn::Zero(DF()), sum_b = hn::Zero(DF());
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      VF a, b;
+      load_scratch(partials + c * hidden + j, a, b);
+      sum_a = hn::Add(sum_a, a);
+      sum_b = hn::Add(sum_b, b);
+    }
+    store_pair(sum_a, sum_b, dw + j);
+  }
+  for (; j < end; j += lanes) {
+    const size_t count = size_t(std::min(lanes, end - j));
     VF sum = hn::Zero(DF());
     for (int64_t c = 0; c < n_chunks; ++c) sum = hn::Add(sum, load_n(partials + c * hidden + j, count));
     store_n(sum, dw + j, count);
-  });
+  }
 }
 
 void norm_reduce_partials(const float* partials, int64_t n_chunks, int64_t hidden, DType dtype,
@@ -236,10 +350,14 @@ void run_backward(const NormBackwardRows& a, const cpu::RowTasks& chunks, const 
     chunk_fn(a, chunks.begin(c), chunks.end(c), partials.get() + c * hidden);
   });
   // Columns per reduction task: Note [tiling] with every chunk's partial in the working set.
+  // A unit of columns is the widest pair step of any target, so each task starts on a pair step
+  // (Note [pair order]).
+  constexpr int64_t kPairUnit = 2 * HWY_MAX_BYTES / int64_t(sizeof(float));
   cpu::TileSpec spec;
   spec.bytes_per_element = int64_t(sizeof(float)) * std::max<int64_t>(n_chunks, 1);
+  spec.multiplier = kPairUnit;
   spec.level = cpu::CacheLevel::l2;
-  const cpu::RowTasks columns{hidden, cpu::capacity_block(spec)};
+  const cpu::RowTasks columns{hidden, kPairUnit * cpu::capacity_block(spec)};
   auto* reduce_fn = HWY_DYNAMIC_DISPATCH(norm_cpu::norm_reduce_partials);
   cpu::parallel_tasks(columns.count(), [&](int64_t t) {
     reduce_fn(partials.get(), n_chunks, hidden, a.dtype, dw.data, columns.begin(t), columns.end(t));
