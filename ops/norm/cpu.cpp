@@ -397,7 +397,9 @@ NormBackwardRows backward_rows(const TensorView& dx, const TensorView& dy, const
   return a;
 }
 
-const char* cpu_dtype_reason(const TensorView& x) {
+}  // namespace
+
+const char* norm_cpu_dtype_reason(const TensorView& x) {
   if (!x.device.is_cpu()) return "tensors are not on the cpu";
   switch (x.dtype) {
     case DType::f32: case DType::bf16: case DType::f16: return nullptr;
@@ -405,8 +407,6 @@ const char* cpu_dtype_reason(const TensorView& x) {
     default: return "dtype is not f32, bf16 or f16";
   }
 }
-
-}  // namespace
 
 void rms_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                   double eps, double offset) {
@@ -447,22 +447,22 @@ void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
 
 const char* rms_norm_cpu_applicable(const TensorView&, const TensorView& x, const TensorView&,
                                     double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 const char* rms_norm_backward_cpu_applicable(const TensorView&, const TensorView&,
                                              const TensorView&, const TensorView& x,
                                              const TensorView&, double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 const char* fused_add_rms_norm_cpu_applicable(const TensorView&, const TensorView&,
                                               const TensorView& x, const TensorView&,
                                               const TensorView&, double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 const char* fused_add_rms_norm_backward_cpu_applicable(
     const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
     const TensorView& x, const TensorView&, const TensorView&, double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 
 }  // namespace opforge
