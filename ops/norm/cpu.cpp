@@ -34,6 +34,7 @@
 #include <memory>
 
 #include "backends/cpu/simd-inl.h"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/norm/internal.h"
 
@@ -78,8 +79,10 @@ template <class Pair, class Tail> HWY_INLINE float sum_pairs(int64_t n, Pair&& p
 }
 
 // One forward row. Fused: pass 1 writes s (which may alias residual: each lane is read before it
-// is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then).
-template <class T, bool kFused>
+// is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then). kStream
+// (Note [streaming stores]): pass 1 only sums, pass 2 recomputes s from x and residual (still in
+// L1/L2) and streams s and y, so nothing streamed is read back.
+template <class T, bool kFused, bool kStream>
 void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, int64_t hidden,
                  float eps) {
   const float sum_sq = sum_pairs(
@@ -88,7 +91,7 @@ void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, i
         VF a, b;
         if constexpr (kFused) {
           fused_sum_pair(x, residual, i, a, b);
-          store_pair_exact(a, b, s + i);
+          if constexpr (!kStream) store_pair_exact(a, b, s + i);
         } else {
           load_pair(x + i, a, b);
         }
@@ -112,16 +115,21 @@ void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, i
       hidden,
       [&](int64_t i) {
         VF a, b, ga, gb;
-        load_pair(src + i, a, b);
+        if constexpr (kFused && kStream) {
+          fused_sum_pair(x, residual, i, a, b);
+          store_pair_exact<true>(a, b, s + i);
+        } else {
+          load_pair(src + i, a, b);
+        }
         load_scratch(gain + i, ga, gb);
-        store_pair(hn::Mul(hn::Mul(a, vr), ga), hn::Mul(hn::Mul(b, vr), gb), y + i);
+        store_pair<kStream>(hn::Mul(hn::Mul(a, vr), ga), hn::Mul(hn::Mul(b, vr), gb), y + i);
       },
       [&](int64_t i, size_t count) {
         store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
       });
 }
 
-template <class T, bool kFused>
+template <class T, bool kFused, bool kStream>
 void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
   std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
@@ -130,13 +138,19 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
     T* y = static_cast<T*>(a.y) + row * a.y_stride;
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
-    forward_row<T, kFused>(x, residual, gain.get(), y, s, a.hidden, a.eps);
+    forward_row<T, kFused, kStream>(x, residual, gain.get(), y, s, a.hidden, a.eps);
   }
+  if constexpr (kStream) hwy::FlushStream();
 }
 
 template <class T> void forward_rows_for(const NormForwardRows& a, int64_t begin, int64_t end) {
-  if (a.residual) forward_rows_typed<T, true>(a, begin, end);
-  else forward_rows_typed<T, false>(a, begin, end);
+  if (a.residual) {
+    if (a.stream) forward_rows_typed<T, true, true>(a, begin, end);
+    else forward_rows_typed<T, true, false>(a, begin, end);
+  } else {
+    if (a.stream) forward_rows_typed<T, false, true>(a, begin, end);
+    else forward_rows_typed<T, false, false>(a, begin, end);
+  }
 }
 
 void norm_forward_rows(const NormForwardRows& a, int64_t begin, int64_t end) {
@@ -178,7 +192,7 @@ HWY_INLINE VF backward_dx(const BackwardCoef& k, VF v, VF dy, VF g) {
 }
 
 // One backward row; adds dy * s * rstd into `partial` (f32, hidden long, Note [pair order]).
-template <class T, bool kFused>
+template <class T, bool kFused, bool kStream>
 void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, int64_t hidden,
                   float eps) {
   const DF d;
@@ -217,9 +231,9 @@ void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, in
           load_pair(r.ds + i, dsa, dsb);
           dxa = hn::Add(dxa, dsa);
           dxb = hn::Add(dxb, dsb);
-          store_pair(dxa, dxb, r.dresidual + i);
+          store_pair<kStream>(dxa, dxb, r.dresidual + i);
         }
-        store_pair(dxa, dxb, r.dx + i);
+        store_pair<kStream>(dxa, dxb, r.dx + i);
         load_scratch(partial + i, pa, pb);
         store_scratch(hn::MulAdd(hn::Mul(dya, va), k.rstd, pa),
                       hn::MulAdd(hn::Mul(dyb, vb), k.rstd, pb), partial + i);
@@ -237,7 +251,7 @@ void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, in
       });
 }
 
-template <class T, bool kFused>
+template <class T, bool kFused, bool kStream>
 void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
   std::fill(partial, partial + a.hidden, 0.0f);
   std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
@@ -252,14 +266,20 @@ void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end,
       r.residual = static_cast<const T*>(a.residual) + row * a.residual_stride;
       r.dresidual = static_cast<T*>(a.dresidual) + row * a.dresidual_stride;
     }
-    backward_row<T, kFused>(r, gain.get(), partial, a.hidden, a.eps);
+    backward_row<T, kFused, kStream>(r, gain.get(), partial, a.hidden, a.eps);
   }
+  if constexpr (kStream) hwy::FlushStream();
 }
 
 template <class T>
 void backward_chunk_for(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
-  if (a.residual) backward_chunk_typed<T, true>(a, begin, end, partial);
-  else backward_chunk_typed<T, false>(a, begin, end, partial);
+  if (a.residual) {
+    if (a.stream) backward_chunk_typed<T, true, true>(a, begin, end, partial);
+    else backward_chunk_typed<T, true, false>(a, begin, end, partial);
+  } else {
+    if (a.stream) backward_chunk_typed<T, false, true>(a, begin, end, partial);
+    else backward_chunk_typed<T, false, false>(a, begin, end, partial);
+  }
 }
 
 void norm_backward_chunk(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
@@ -312,6 +332,10 @@ void norm_reduce_partials(const float* partials, int64_t n_chunks, int64_t hidde
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cstdint>
+#include <initializer_list>
+
+#include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 
@@ -333,6 +357,18 @@ cpu::RowTasks row_tasks(const TensorView& x, int64_t tensors_per_element) {
   spec.multiplier = hidden;
   spec.level = cpu::CacheLevel::l2;
   return {x.rows(), cpu::capacity_block(spec)};
+}
+
+// Note [streaming stores]: outputs go by non-temporal stores when the call's bytes do not fit
+// the last-level cache (they would not stay there for the next op anyway) and every output row
+// starts on a 64-byte boundary (so every pair step of every target is aligned).
+bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {
+  if (bytes_moved <= double(cpu::cpu_info().l3.bytes)) return false;
+  for (const TensorView* t : outputs) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 64 != 0) return false;
+    if ((t->row_stride() * t->itemsize()) % 64 != 0) return false;
+  }
+  return true;
 }
 
 void run_forward(const NormForwardRows& a, const cpu::RowTasks& tasks) {
@@ -410,7 +446,9 @@ const char* norm_cpu_dtype_reason(const TensorView& x) {
 
 void rms_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                   double eps, double offset) {
-  run_forward(forward_rows(y, x, w, eps, offset), row_tasks(x, 3));
+  NormForwardRows a = forward_rows(y, x, w, eps, offset);
+  a.stream = stream_outputs(2 * bytes_of(x), {&y});
+  run_forward(a, row_tasks(x, 3));
 }
 
 void fused_add_rms_norm_cpu(const Context&, const TensorView& y, const TensorView& s,
@@ -421,13 +459,16 @@ void fused_add_rms_norm_cpu(const Context&, const TensorView& y, const TensorVie
   a.residual_stride = residual.row_stride();
   a.s = s.data;
   a.s_stride = s.row_stride();
+  a.stream = stream_outputs(4 * bytes_of(x), {&y, &s});
   run_forward(a, row_tasks(x, 5));
 }
 
 void rms_norm_backward_cpu(const Context&, const TensorView& dx, const TensorView& dw,
                            const TensorView& dy, const TensorView& x, const TensorView& w,
                            double eps, double offset) {
-  run_backward(backward_rows(dx, dy, x, w, eps, offset), row_tasks(x, 4), dw);
+  NormBackwardRows a = backward_rows(dx, dy, x, w, eps, offset);
+  a.stream = stream_outputs(3 * bytes_of(x), {&dx});
+  run_backward(a, row_tasks(x, 4), dw);
 }
 
 void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
@@ -442,6 +483,7 @@ void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
   a.residual_stride = residual.row_stride();
   a.dresidual = dresidual.data;
   a.dresidual_stride = dresidual.row_stride();
+  a.stream = stream_outputs(6 * bytes_of(x), {&dx, &dresidual});
   run_backward(a, row_tasks(x, 7), dw);
 }
 

@@ -127,6 +127,7 @@ struct NormForwardRows {
   int64_t y_stride = 0;
   void* s = nullptr;  // fused only
   int64_t s_stride = 0;
+  bool stream = false;  // outputs by non-temporal stores (Note [streaming stores])
 };
 
 // Backward rows of rms_norm (residual == nullptr) or fused_add_rms_norm.
@@ -147,6 +148,7 @@ struct NormBackwardRows {
   int64_t dx_stride = 0;
   void* dresidual = nullptr;  // fused only
   int64_t dresidual_stride = 0;
+  bool stream = false;  // outputs by non-temporal stores (Note [streaming stores])
 };
 
 // What cpu_variants.cpp's per-target code receives (plain data; strides in elements).

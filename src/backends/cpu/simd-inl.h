@@ -128,16 +128,22 @@ HWY_INLINE VF load(const f16_t* p) {
   return f16_bits_to_f32(hn::PromoteTo(DU(), hn::LoadU(D16(), &p->bits)));
 }
 
-HWY_INLINE void store(VF v, float* p) { hn::StoreU(v, DF(), p); }
-HWY_INLINE void store(VF v, bf16_t* p) {
-  hn::StoreU(hn::DemoteTo(D16(), hn::BitCast(DI(), bf16_bits(v))), D16(), &p->bits);
+// kStream: a non-temporal store (Note [streaming stores]); p must be aligned to the vector.
+template <bool kStream, class D, class V, class P> HWY_INLINE void put(V v, D d, P* p) {
+  if constexpr (kStream) hn::Stream(v, d, p);
+  else hn::StoreU(v, d, p);
 }
-HWY_INLINE void store(VF v, f16_t* p) {
+
+template <bool kStream = false> HWY_INLINE void store(VF v, float* p) { put<kStream>(v, DF(), p); }
+template <bool kStream = false> HWY_INLINE void store(VF v, bf16_t* p) {
+  put<kStream>(hn::DemoteTo(D16(), hn::BitCast(DI(), bf16_bits(v))), D16(), &p->bits);
+}
+template <bool kStream = false> HWY_INLINE void store(VF v, f16_t* p) {
 #if OPFORGE_HWY_F16C
   // F16C rounds to nearest even (subnormals, overflow and NaN as f16_bits); one instruction.
-  hn::StoreU(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(p));
+  put<kStream>(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(p));
 #else
-  hn::StoreU(hn::DemoteTo(D16(), hn::BitCast(DI(), f16_bits(v))), D16(), &p->bits);
+  put<kStream>(hn::DemoteTo(D16(), hn::BitCast(DI(), f16_bits(v))), D16(), &p->bits);
 #endif
 }
 
@@ -210,8 +216,9 @@ template <class T> HWY_INLINE void load_pair(const T* p, VF& a, VF& b) {
   }
 }
 
-// Stores a, b in pair order, rounding to nearest even (Note [vector rounding]).
-template <class T> HWY_INLINE void store_pair(VF a, VF b, T* p) {
+// Stores a, b in pair order, rounding to nearest even (Note [vector rounding]). kStream: p is
+// aligned to the pair step's bytes (Note [streaming stores]).
+template <bool kStream = false, class T> HWY_INLINE void store_pair(VF a, VF b, T* p) {
   #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bf16_t>) {
     const DF df;
@@ -224,28 +231,28 @@ template <class T> HWY_INLINE void store_pair(VF a, VF b, T* p) {
       even = bf16_bits(b);
     }
     const hn::Repartition<uint16_t, DF> d16;
-    hn::StoreU(hn::OddEven(hn::BitCast(d16, odd), hn::BitCast(d16, even)), d16, &p->bits);
+    put<kStream>(hn::OddEven(hn::BitCast(d16, odd), hn::BitCast(d16, even)), d16, &p->bits);
   } else
 #endif
   {
-    store(a, p);
-    store(b, p + hn::Lanes(DF()));
+    store<kStream>(a, p);
+    store<kStream>(b, p + hn::Lanes(DF()));
   }
 }
 
 // Stores a, b in pair order when they already hold values of T (round_to<T> results): for bf16
 // the low 16 bits are zero, so no rounding is needed.
-template <class T> HWY_INLINE void store_pair_exact(VF a, VF b, T* p) {
+template <bool kStream = false, class T> HWY_INLINE void store_pair_exact(VF a, VF b, T* p) {
   #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bf16_t>) {
     const DU du;
     const hn::Repartition<uint16_t, DF> d16;
     const VU even = hn::ShiftRight<16>(hn::BitCast(du, b));
-    hn::StoreU(hn::OddEven(hn::BitCast(d16, a), hn::BitCast(d16, even)), d16, &p->bits);
+    put<kStream>(hn::OddEven(hn::BitCast(d16, a), hn::BitCast(d16, even)), d16, &p->bits);
   } else
 #endif
   {
-    store_pair(a, b, p);
+    store_pair<kStream>(a, b, p);
   }
 }
 
@@ -268,6 +275,13 @@ HWY_INLINE void for_each_pair(int64_t n, Pair&& pair, Tail&& tail) {
   for (; i + 2 * lanes <= n; i += 2 * lanes) pair(i);
   for (; i < n; i += lanes) tail(i, size_t(std::min(lanes, n - i)));
 }
+
+// Note [streaming stores]: a kernel whose rows do not fit the last-level cache may write its
+// outputs with non-temporal stores (store_pair<true>): the lines go to memory without being read
+// first (no read-for-ownership), which saves a third of a copy's traffic; the harness's copy
+// ceiling (memcpy) does the same. The caller guarantees alignment (every pair step of every row
+// aligned to its bytes), writes tails with plain stores, and calls hwy::FlushStream() before the
+// data is read by another thread.
 
 // Where the pair steps of a row of n elements end (the tail starts).
 HWY_INLINE int64_t pair_end(int64_t n) {
