@@ -275,5 +275,40 @@ TEST(NormVariantCpu, BackwardReductionsAreDeterministic) {
   }
 }
 
+// Calls larger than the last-level cache write with non-temporal stores (Note [streaming
+// stores]); their rows must be bit-identical to a small call's (plain stores) on the same rows.
+TEST(NormCpu, StreamingStoresMatchPlainStores) {
+  const int64_t hidden = 1024;
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t rows = cpu::cpu_info().l3.bytes / (hidden * dtype_size(t)) + 8;
+    const Shape big{rows, hidden}, small{4, hidden};
+    Tensor x = random(big, t, 1), r = random(big, t, 2), dy = random(big, t, 3);
+    Tensor ds = random(big, t, 4), w = random({hidden}, t, 5, true);
+    auto head = [&](const Tensor& src) {  // the first 4 rows as their own tensor
+      Tensor h = make(small, t);
+      std::memcpy(h.data(), src.data(), size_t(h.nbytes()));
+      return h;
+    };
+    Tensor xs = head(x), rs = head(r), dys = head(dy), dss = head(ds);
+    Tensor y = make(big, t), s = make(big, t), ys = make(small, t), ss = make(small, t);
+    rms_norm_cpu(kCtx, y, x, w, 1e-6, 0.0);
+    rms_norm_cpu(kCtx, ys, xs, w, 1e-6, 0.0);
+    EXPECT_TRUE(same_bytes(head(y), ys));
+    fused_add_rms_norm_cpu(kCtx, y, s, x, r, w, 1e-6, 1.0);
+    fused_add_rms_norm_cpu(kCtx, ys, ss, xs, rs, w, 1e-6, 1.0);
+    EXPECT_TRUE(same_bytes(head(y), ys));
+    EXPECT_TRUE(same_bytes(head(s), ss));
+    Tensor dw = make({hidden}, t), dws = make({hidden}, t);
+    rms_norm_backward_cpu(kCtx, y, dw, dy, x, w, 1e-6, 0.0);
+    rms_norm_backward_cpu(kCtx, ys, dws, dys, xs, w, 1e-6, 0.0);
+    EXPECT_TRUE(same_bytes(head(y), ys));
+    fused_add_rms_norm_backward_cpu(kCtx, y, s, dw, dy, ds, x, r, w, 1e-6, 0.0);
+    fused_add_rms_norm_backward_cpu(kCtx, ys, ss, dws, dys, dss, xs, rs, w, 1e-6, 0.0);
+    EXPECT_TRUE(same_bytes(head(y), ys));
+    EXPECT_TRUE(same_bytes(head(s), ss));
+  }
+}
+
 }  // namespace
 }  // namespace opforge
