@@ -8,10 +8,20 @@
 // - One Highway source, runtime dispatch: 4 f32 lanes on SSE4/NEON, 8 on AVX2, 16 on AVX-512.
 //   bf16/f16 are widened to f32 in registers and rounded once on the store (Note [vector
 //   rounding]).
+// - bf16 rows move in pair steps (Note [pair order], backends/cpu/simd-inl.h): one 32-bit load
+//   splits 2N bf16 into two f32 vectors with an and and a shift, one blend joins them on the
+//   store; no pack or cross-lane permute, which on targets that split 256-bit vectors (Zen 1)
+//   cost more than the arithmetic. The NaN fix-up of the rounding runs only for vectors that hold
+//   a NaN. f16 uses the F16C instructions on x86 (one instruction each way). On the 2-core Zen 1
+//   development machine this cut the CPU time per bf16 row by 1.4-2.4x and per f16 row by 3-6x.
 // - w + offset is widened to f32 once per task (gain_row), not once per row.
 // - Each row is read from memory once: pass 1 (sum of squares; the fused op also adds and stores
 //   s) pulls the row into L1/L2, pass 2 (normalise, or the backward's dx and dw terms) re-reads it
 //   from there. Forward moves x + w + y bytes, i.e. the roofline minimum.
+// - Calls whose bytes exceed the last-level cache write their outputs with non-temporal stores
+//   (Note [streaming stores]): no read-for-ownership of y (s, dx, dresidual), a third less DRAM
+//   traffic for the forward; the fused forward then recomputes s in pass 2 instead of reading
+//   back what it streamed.
 // - OpenMP over tasks of rows; rows per task from capacity_block (Note [tiling]) so one task's
 //   rows fit half of a core's L2. One task means no OpenMP region (decode rows cost no fork).
 // - Backward dw: each chunk of rows (a fixed count from Note [tiling], never per thread) sums
@@ -20,11 +30,12 @@
 //   cost 8 bytes per column per chunk on top of the rows' bytes: a few % with a 2 MiB L2 at
 //   hidden 4096 (16-row chunks), more on small-L2 machines, where chunks are shorter.
 //
-// Measured (16-core Xeon VM, AVX-512 target, 16 threads; a parallel copy reached 220 GB/s in L3
-// and 95 GB/s from DRAM in the same run; shared hosts vary by ~30% run to run): rms_norm
-// 1024x4096 f32 175 us = 192 GB/s, bf16 118 us = 142 GB/s (bf16 is bound by the conversions
-// while the data sits in L3); 16384x4096 f32 5.8 ms = 92 GB/s, bf16 2.75 ms = 98 GB/s (the DRAM
-// ceiling). Backward 16384x4096: f32 88 GB/s, bf16 104 GB/s.
+// Measured before the pair steps and streaming stores (16-core Xeon VM, AVX-512 target, 16
+// threads; a parallel copy reached 220 GB/s in L3 and 95 GB/s from DRAM in the same run; shared
+// hosts vary by ~30% run to run): rms_norm 1024x4096 f32 175 us = 192 GB/s, bf16 118 us = 142
+// GB/s (bf16 is bound by the conversions while the data sits in L3); 16384x4096 f32 5.8 ms = 92
+// GB/s, bf16 2.75 ms = 98 GB/s (the DRAM ceiling). Backward 16384x4096: f32 88 GB/s, bf16 104
+// GB/s. docs/perf/cpu.md has the 2-core development machine.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/norm/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
