@@ -19,6 +19,7 @@ struct NormArgs {
   std::vector<const char*> row_inputs;   // e.g. {"x"} or {"dy", "ds", "x", "residual"}
   std::vector<const char*> row_outputs;  // listed only when a case pads them
   std::vector<std::pair<std::string, std::string>> in_place;  // (output, input) the op allows
+  bool has_offset = true;  // false: the Gemma ops (offset fixed at 1, w around 0 as Gemma's)
 };
 
 struct Layout {
@@ -39,7 +40,9 @@ Case norm_case(const NormArgs& spec, std::string label, CaseGroup group, const S
   }
   TensorInit w;
   w.shape = Shape{shape[shape.ndim - 1]};
-  w.fill = Fill::uniform_positive;
+  w.fill = spec.has_offset ? Fill::uniform_positive : Fill::uniform;
+  w.low = -0.5;
+  w.high = 0.5;
   c.args.push_back({"w", w});
   if (layout.output_pad > 0) {
     for (const char* name : spec.row_outputs) {
@@ -50,7 +53,7 @@ Case norm_case(const NormArgs& spec, std::string label, CaseGroup group, const S
     }
   }
   c.args.push_back({"eps", Value(1e-6)});
-  c.args.push_back({"offset", Value(offset)});
+  if (spec.has_offset) c.args.push_back({"offset", Value(offset)});
   return c;
 }
 
@@ -58,6 +61,7 @@ std::vector<Case> norm_cases(const NormArgs& spec) {
   std::vector<Case> cases;
   auto add = [&](std::string label, CaseGroup group, Shape shape, double offset = 0.0,
                  Layout layout = {}) {
+    if (!spec.has_offset && offset != 0.0) return;  // the Gemma ops have no offset argument
     cases.push_back(norm_case(spec, std::move(label), group, shape, offset, layout));
   };
   add("4x64", CaseGroup::small, {4, 64});
@@ -73,12 +77,12 @@ std::vector<Case> norm_cases(const NormArgs& spec) {
   add("5x4097", CaseGroup::edge, {5, 4097});
   add("2x3x40", CaseGroup::edge, {2, 3, 40});
   add("5x67_inputs_pad8", CaseGroup::edge, {5, 67}, 0.0, {8, 0});
-  add("5x67_outputs_pad5", CaseGroup::edge, {5, 67}, 1.0, {0, 5});
+  add("5x67_outputs_pad5", CaseGroup::edge, {5, 67}, spec.has_offset ? 1.0 : 0.0, {0, 5});
   add("3x4097_all_pad3", CaseGroup::edge, {3, 4097}, 0.0, {3, 3});
   if (!spec.in_place.empty()) {  // outputs written over their inputs (vLLM's in-place form)
     add("7x33_in_place", CaseGroup::edge, {7, 33});
     cases.back().in_place = spec.in_place;
-    add("16x4096_in_place_pad8", CaseGroup::edge, {16, 4096}, 1.0, {8, 0});
+    add("16x4096_in_place_pad8", CaseGroup::edge, {16, 4096}, spec.has_offset ? 1.0 : 0.0, {8, 0});
     cases.back().in_place = spec.in_place;
   }
   return cases;
@@ -96,6 +100,20 @@ std::vector<Case> fused_add_rms_norm_cases() {
 
 std::vector<Case> fused_add_rms_norm_backward_cases() {
   return norm_cases({{"dy", "ds", "x", "residual"}, {"dx", "dresidual"}});
+}
+
+std::vector<Case> gemma_rms_norm_cases() { return norm_cases({{"x"}, {"y"}, {{"y", "x"}}, false}); }
+
+std::vector<Case> gemma_rms_norm_backward_cases() {
+  return norm_cases({{"dy", "x"}, {"dx"}, {}, false});
+}
+
+std::vector<Case> gemma_fused_add_rms_norm_cases() {
+  return norm_cases({{"x", "residual"}, {"y", "s"}, {{"y", "x"}, {"s", "residual"}}, false});
+}
+
+std::vector<Case> gemma_fused_add_rms_norm_backward_cases() {
+  return norm_cases({{"dy", "ds", "x", "residual"}, {"dx", "dresidual"}, {}, false});
 }
 
 }  // namespace opforge

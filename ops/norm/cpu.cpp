@@ -8,10 +8,20 @@
 // - One Highway source, runtime dispatch: 4 f32 lanes on SSE4/NEON, 8 on AVX2, 16 on AVX-512.
 //   bf16/f16 are widened to f32 in registers and rounded once on the store (Note [vector
 //   rounding]).
+// - bf16 rows move in pair steps (Note [pair order], backends/cpu/simd-inl.h): one 32-bit load
+//   splits 2N bf16 into two f32 vectors with an and and a shift, one blend joins them on the
+//   store; no pack or cross-lane permute, which on targets that split 256-bit vectors (Zen 1)
+//   cost more than the arithmetic. The NaN fix-up of the rounding runs only for vectors that hold
+//   a NaN. f16 uses the F16C instructions on x86 (one instruction each way). On the 2-core Zen 1
+//   development machine this cut the CPU time per bf16 row by 1.4-2.4x and per f16 row by 3-6x.
 // - w + offset is widened to f32 once per task (gain_row), not once per row.
 // - Each row is read from memory once: pass 1 (sum of squares; the fused op also adds and stores
 //   s) pulls the row into L1/L2, pass 2 (normalise, or the backward's dx and dw terms) re-reads it
 //   from there. Forward moves x + w + y bytes, i.e. the roofline minimum.
+// - Calls whose bytes exceed the last-level cache write their outputs with non-temporal stores
+//   (Note [streaming stores]): no read-for-ownership of y (s, dx, dresidual), a third less DRAM
+//   traffic for the forward; the fused forward then recomputes s in pass 2 instead of reading
+//   back what it streamed.
 // - OpenMP over tasks of rows; rows per task from capacity_block (Note [tiling]) so one task's
 //   rows fit half of a core's L2. One task means no OpenMP region (decode rows cost no fork).
 // - Backward dw: each chunk of rows (a fixed count from Note [tiling], never per thread) sums
@@ -20,11 +30,12 @@
 //   cost 8 bytes per column per chunk on top of the rows' bytes: a few % with a 2 MiB L2 at
 //   hidden 4096 (16-row chunks), more on small-L2 machines, where chunks are shorter.
 //
-// Measured (16-core Xeon VM, AVX-512 target, 16 threads; a parallel copy reached 220 GB/s in L3
-// and 95 GB/s from DRAM in the same run; shared hosts vary by ~30% run to run): rms_norm
-// 1024x4096 f32 175 us = 192 GB/s, bf16 118 us = 142 GB/s (bf16 is bound by the conversions
-// while the data sits in L3); 16384x4096 f32 5.8 ms = 92 GB/s, bf16 2.75 ms = 98 GB/s (the DRAM
-// ceiling). Backward 16384x4096: f32 88 GB/s, bf16 104 GB/s.
+// Measured before the pair steps and streaming stores (16-core Xeon VM, AVX-512 target, 16
+// threads; a parallel copy reached 220 GB/s in L3 and 95 GB/s from DRAM in the same run; shared
+// hosts vary by ~30% run to run): rms_norm 1024x4096 f32 175 us = 192 GB/s, bf16 118 us = 142
+// GB/s (bf16 is bound by the conversions while the data sits in L3); 16384x4096 f32 5.8 ms = 92
+// GB/s, bf16 2.75 ms = 98 GB/s (the DRAM ceiling). Backward 16384x4096: f32 88 GB/s, bf16 104
+// GB/s. docs/perf/cpu.md has the 2-core development machine.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/norm/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -34,6 +45,7 @@
 #include <memory>
 
 #include "backends/cpu/simd-inl.h"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/norm/internal.h"
 
@@ -48,30 +60,87 @@ HWY_INLINE VF fused_sum(const T* x, const T* residual, int64_t i, size_t count) 
   return round_to<T>(hn::Add(load_n(x + i, count), load_n(residual + i, count)));
 }
 
+// The same for a pair step (Note [pair order]).
+template <class T>
+HWY_INLINE void fused_sum_pair(const T* x, const T* residual, int64_t i, VF& a, VF& b) {
+  VF xa, xb, ra, rb;
+  load_pair(x + i, xa, xb);
+  load_pair(residual + i, ra, rb);
+  a = round_to<T>(hn::Add(xa, ra));
+  b = round_to<T>(hn::Add(xb, rb));
+}
+
+// Sum over a row in pair steps: pair(i, acc_a, acc_b) adds a pair step, tail(i, count, acc) a
+// tail vector. Four accumulators: consecutive multiply-adds do not wait on each other.
+template <class Pair, class Tail> HWY_INLINE float sum_pairs(int64_t n, Pair&& pair, Tail&& tail) {
+  const DF d;
+  const int64_t step = 2 * int64_t(hn::Lanes(d));
+  VF a0 = hn::Zero(d), b0 = hn::Zero(d), a1 = hn::Zero(d), b1 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * step <= n; i += 2 * step) {
+    pair(i, a0, b0);
+    pair(i + step, a1, b1);
+  }
+  if (i + step <= n) {
+    pair(i, a0, b0);
+    i += step;
+  }
+  for (; i < n; i += step / 2) tail(i, size_t(std::min(step / 2, n - i)), a1);
+  return sum_lanes(hn::Add(hn::Add(a0, b0), hn::Add(a1, b1)));
+}
+
 // One forward row. Fused: pass 1 writes s (which may alias residual: each lane is read before it
-// is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then).
-template <class T, bool kFused>
+// is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then). kStream
+// (Note [streaming stores]): pass 1 only sums, pass 2 recomputes s from x and residual (still in
+// L1/L2) and streams s and y, so nothing streamed is read back.
+template <class T, bool kFused, bool kStream>
 void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, int64_t hidden,
                  float eps) {
-  const float sum_sq = sum_over(hidden, [&](int64_t i, size_t count, VF& acc) {
-    VF v;
-    if constexpr (kFused) {
-      v = fused_sum(x, residual, i, count);
-      store_n(v, s + i, count);
-    } else {
-      v = load_n(x + i, count);
-    }
-    acc = hn::MulAdd(v, v, acc);
-  });
+  const float sum_sq = sum_pairs(
+      hidden,
+      [&](int64_t i, VF& acc_a, VF& acc_b) {
+        VF a, b;
+        if constexpr (kFused) {
+          fused_sum_pair(x, residual, i, a, b);
+          if constexpr (!kStream) store_pair_exact(a, b, s + i);
+        } else {
+          load_pair(x + i, a, b);
+        }
+        acc_a = hn::MulAdd(a, a, acc_a);
+        acc_b = hn::MulAdd(b, b, acc_b);
+      },
+      [&](int64_t i, size_t count, VF& acc) {
+        VF v;
+        if constexpr (kFused) {
+          v = fused_sum(x, residual, i, count);
+          store_n(v, s + i, count);
+        } else {
+          v = load_n(x + i, count);
+        }
+        acc = hn::MulAdd(v, v, acc);
+      });
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
   const VF vr = hn::Set(DF(), rstd);
   const T* src = kFused ? s : x;
-  for_each_vector(hidden, [&](int64_t i, size_t count) {
-    store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
-  });
+  for_each_pair(
+      hidden,
+      [&](int64_t i) {
+        VF a, b, ga, gb;
+        if constexpr (kFused && kStream) {
+          fused_sum_pair(x, residual, i, a, b);
+          store_pair_exact<true>(a, b, s + i);
+        } else {
+          load_pair(src + i, a, b);
+        }
+        load_scratch(gain + i, ga, gb);
+        store_pair<kStream>(hn::Mul(hn::Mul(a, vr), ga), hn::Mul(hn::Mul(b, vr), gb), y + i);
+      },
+      [&](int64_t i, size_t count) {
+        store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
+      });
 }
 
-template <class T, bool kFused>
+template <class T, bool kFused, bool kStream>
 void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
   std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
@@ -80,13 +149,19 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
     T* y = static_cast<T*>(a.y) + row * a.y_stride;
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
-    forward_row<T, kFused>(x, residual, gain.get(), y, s, a.hidden, a.eps);
+    forward_row<T, kFused, kStream>(x, residual, gain.get(), y, s, a.hidden, a.eps);
   }
+  if constexpr (kStream) hwy::FlushStream();
 }
 
 template <class T> void forward_rows_for(const NormForwardRows& a, int64_t begin, int64_t end) {
-  if (a.residual) forward_rows_typed<T, true>(a, begin, end);
-  else forward_rows_typed<T, false>(a, begin, end);
+  if (a.residual) {
+    if (a.stream) forward_rows_typed<T, true, true>(a, begin, end);
+    else forward_rows_typed<T, true, false>(a, begin, end);
+  } else {
+    if (a.stream) forward_rows_typed<T, false, true>(a, begin, end);
+    else forward_rows_typed<T, false, false>(a, begin, end);
+  }
 }
 
 void norm_forward_rows(const NormForwardRows& a, int64_t begin, int64_t end) {
@@ -112,32 +187,82 @@ template <class T, bool kFused> HWY_INLINE VF input_at(const BackwardRow<T>& r, 
   return load_n(r.x + i, count);
 }
 
-// One backward row; adds dy * s * rstd into `partial` (f32, hidden long).
 template <class T, bool kFused>
-void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, int64_t hidden,
-                  float eps) {
-  auto [sum_sq, sum_mx] = sum_over2(hidden, [&](int64_t i, size_t count, VF& acc_sq, VF& acc_mx) {
-    const VF v = input_at<T, kFused>(r, i, count);
-    const VF m = hn::Mul(load_n(r.dy + i, count), load_n(gain + i, count));
-    acc_sq = hn::MulAdd(v, v, acc_sq);
-    acc_mx = hn::MulAdd(m, v, acc_mx);
-  });
-  const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
-  const float coef = rstd * rstd * rstd / float(hidden) * sum_mx;
-  const VF vr = hn::Set(DF(), rstd), vc = hn::Set(DF(), coef);
-  for_each_vector(hidden, [&](int64_t i, size_t count) {
-    const VF v = input_at<T, kFused>(r, i, count);
-    const VF dy = load_n(r.dy + i, count);
-    const VF m = hn::Mul(dy, load_n(gain + i, count));
-    VF dx = hn::NegMulAdd(vc, v, hn::Mul(vr, m));  // rstd*m - coef*x
-    if constexpr (kFused) dx = hn::Add(dx, load_n(r.ds + i, count));
-    store_n(dx, r.dx + i, count);
-    if constexpr (kFused) store_n(dx, r.dresidual + i, count);
-    store_n(hn::MulAdd(hn::Mul(dy, v), vr, load_n(partial + i, count)), partial + i, count);
-  });
+HWY_INLINE void input_pair(const BackwardRow<T>& r, int64_t i, VF& a, VF& b) {
+  if constexpr (kFused) fused_sum_pair(r.x, r.residual, i, a, b);
+  else load_pair(r.x + i, a, b);
 }
 
-template <class T, bool kFused>
+// The backward terms of lanes holding input v, upstream dy, gain g (and ds): dx into `dx`, and
+// the dw partial `partial` += dy * v * rstd.
+struct BackwardCoef {
+  VF rstd, coef;
+};
+HWY_INLINE VF backward_dx(const BackwardCoef& k, VF v, VF dy, VF g) {
+  return hn::NegMulAdd(k.coef, v, hn::Mul(k.rstd, hn::Mul(dy, g)));  // rstd*m - coef*x
+}
+
+// One backward row; adds dy * s * rstd into `partial` (f32, hidden long, Note [pair order]).
+template <class T, bool kFused, bool kStream>
+void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, int64_t hidden,
+                  float eps) {
+  const DF d;
+  VF sq_a = hn::Zero(d), sq_b = hn::Zero(d), mx_a = hn::Zero(d), mx_b = hn::Zero(d);
+  for_each_pair(
+      hidden,
+      [&](int64_t i) {
+        VF va, vb, dya, dyb, ga, gb;
+        input_pair<T, kFused>(r, i, va, vb);
+        load_pair(r.dy + i, dya, dyb);
+        load_scratch(gain + i, ga, gb);
+        sq_a = hn::MulAdd(va, va, sq_a);
+        sq_b = hn::MulAdd(vb, vb, sq_b);
+        mx_a = hn::MulAdd(hn::Mul(dya, ga), va, mx_a);
+        mx_b = hn::MulAdd(hn::Mul(dyb, gb), vb, mx_b);
+      },
+      [&](int64_t i, size_t count) {
+        const VF v = input_at<T, kFused>(r, i, count);
+        sq_a = hn::MulAdd(v, v, sq_a);
+        mx_a = hn::MulAdd(hn::Mul(load_n(r.dy + i, count), load_n(gain + i, count)), v, mx_a);
+      });
+  const float sum_sq = sum_lanes(hn::Add(sq_a, sq_b)), sum_mx = sum_lanes(hn::Add(mx_a, mx_b));
+  const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
+  const float coef = rstd * rstd * rstd / float(hidden) * sum_mx;
+  const BackwardCoef k{hn::Set(d, rstd), hn::Set(d, coef)};
+  for_each_pair(
+      hidden,
+      [&](int64_t i) {
+        VF va, vb, dya, dyb, ga, gb, pa, pb;
+        input_pair<T, kFused>(r, i, va, vb);
+        load_pair(r.dy + i, dya, dyb);
+        load_scratch(gain + i, ga, gb);
+        VF dxa = backward_dx(k, va, dya, ga), dxb = backward_dx(k, vb, dyb, gb);
+        if constexpr (kFused) {
+          VF dsa, dsb;
+          load_pair(r.ds + i, dsa, dsb);
+          dxa = hn::Add(dxa, dsa);
+          dxb = hn::Add(dxb, dsb);
+          store_pair<kStream>(dxa, dxb, r.dresidual + i);
+        }
+        store_pair<kStream>(dxa, dxb, r.dx + i);
+        load_scratch(partial + i, pa, pb);
+        store_scratch(hn::MulAdd(hn::Mul(dya, va), k.rstd, pa),
+                      hn::MulAdd(hn::Mul(dyb, vb), k.rstd, pb), partial + i);
+      },
+      [&](int64_t i, size_t count) {
+        const VF v = input_at<T, kFused>(r, i, count);
+        const VF dy = load_n(r.dy + i, count);
+        VF dx = backward_dx(k, v, dy, load_n(gain + i, count));
+        if constexpr (kFused) {
+          dx = hn::Add(dx, load_n(r.ds + i, count));
+          store_n(dx, r.dresidual + i, count);
+        }
+        store_n(dx, r.dx + i, count);
+        store_n(hn::MulAdd(hn::Mul(dy, v), k.rstd, load_n(partial + i, count)), partial + i, count);
+      });
+}
+
+template <class T, bool kFused, bool kStream>
 void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
   std::fill(partial, partial + a.hidden, 0.0f);
   std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
@@ -152,14 +277,20 @@ void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end,
       r.residual = static_cast<const T*>(a.residual) + row * a.residual_stride;
       r.dresidual = static_cast<T*>(a.dresidual) + row * a.dresidual_stride;
     }
-    backward_row<T, kFused>(r, gain.get(), partial, a.hidden, a.eps);
+    backward_row<T, kFused, kStream>(r, gain.get(), partial, a.hidden, a.eps);
   }
+  if constexpr (kStream) hwy::FlushStream();
 }
 
 template <class T>
 void backward_chunk_for(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
-  if (a.residual) backward_chunk_typed<T, true>(a, begin, end, partial);
-  else backward_chunk_typed<T, false>(a, begin, end, partial);
+  if (a.residual) {
+    if (a.stream) backward_chunk_typed<T, true, true>(a, begin, end, partial);
+    else backward_chunk_typed<T, true, false>(a, begin, end, partial);
+  } else {
+    if (a.stream) backward_chunk_typed<T, false, true>(a, begin, end, partial);
+    else backward_chunk_typed<T, false, false>(a, begin, end, partial);
+  }
 }
 
 void norm_backward_chunk(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
@@ -170,16 +301,30 @@ void norm_backward_chunk(const NormBackwardRows& a, int64_t begin, int64_t end, 
   }
 }
 
-// dw[j] = sum over chunks c, in order, of partials[c * hidden + j], for j in [begin, end).
+// dw[j] = sum over chunks c, in order, of partials[c * hidden + j], for j in [begin, end). The
+// partials are in Note [pair order]: begin is a multiple of the pair step (run_backward's column
+// tasks are), so pair steps of dw line up with those of the rows.
 template <class T>
 void reduce_partials_typed(const float* partials, int64_t n_chunks, int64_t hidden, T* dw,
                            int64_t begin, int64_t end) {
-  for_each_vector(end - begin, [&](int64_t i, size_t count) {
-    const int64_t j = begin + i;
+  const int64_t lanes = int64_t(hn::Lanes(DF())), pairs_end = std::min(end, pair_end(hidden));
+  int64_t j = begin;
+  for (; j + 2 * lanes <= pairs_end; j += 2 * lanes) {
+    VF sum_a = hn::Zero(DF()), sum_b = hn::Zero(DF());
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      VF a, b;
+      load_scratch(partials + c * hidden + j, a, b);
+      sum_a = hn::Add(sum_a, a);
+      sum_b = hn::Add(sum_b, b);
+    }
+    store_pair(sum_a, sum_b, dw + j);
+  }
+  for (; j < end; j += lanes) {
+    const size_t count = size_t(std::min(lanes, end - j));
     VF sum = hn::Zero(DF());
     for (int64_t c = 0; c < n_chunks; ++c) sum = hn::Add(sum, load_n(partials + c * hidden + j, count));
     store_n(sum, dw + j, count);
-  });
+  }
 }
 
 void norm_reduce_partials(const float* partials, int64_t n_chunks, int64_t hidden, DType dtype,
@@ -198,6 +343,10 @@ void norm_reduce_partials(const float* partials, int64_t n_chunks, int64_t hidde
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cstdint>
+#include <initializer_list>
+
+#include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 
@@ -221,6 +370,18 @@ cpu::RowTasks row_tasks(const TensorView& x, int64_t tensors_per_element) {
   return {x.rows(), cpu::capacity_block(spec)};
 }
 
+// Note [streaming stores]: outputs go by non-temporal stores when the call's bytes do not fit
+// the last-level cache (they would not stay there for the next op anyway) and every output row
+// starts on a 64-byte boundary (so every pair step of every target is aligned).
+bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {
+  if (bytes_moved <= double(cpu::cpu_info().l3.bytes)) return false;
+  for (const TensorView* t : outputs) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 64 != 0) return false;
+    if ((t->row_stride() * t->itemsize()) % 64 != 0) return false;
+  }
+  return true;
+}
+
 void run_forward(const NormForwardRows& a, const cpu::RowTasks& tasks) {
   auto* rows_fn = HWY_DYNAMIC_DISPATCH(norm_cpu::norm_forward_rows);
   cpu::parallel_tasks(tasks.count(),
@@ -236,10 +397,14 @@ void run_backward(const NormBackwardRows& a, const cpu::RowTasks& chunks, const 
     chunk_fn(a, chunks.begin(c), chunks.end(c), partials.get() + c * hidden);
   });
   // Columns per reduction task: Note [tiling] with every chunk's partial in the working set.
+  // A unit of columns is the widest pair step of any target, so each task starts on a pair step
+  // (Note [pair order]).
+  constexpr int64_t kPairUnit = 2 * HWY_MAX_BYTES / int64_t(sizeof(float));
   cpu::TileSpec spec;
   spec.bytes_per_element = int64_t(sizeof(float)) * std::max<int64_t>(n_chunks, 1);
+  spec.multiplier = kPairUnit;
   spec.level = cpu::CacheLevel::l2;
-  const cpu::RowTasks columns{hidden, cpu::capacity_block(spec)};
+  const cpu::RowTasks columns{hidden, kPairUnit * cpu::capacity_block(spec)};
   auto* reduce_fn = HWY_DYNAMIC_DISPATCH(norm_cpu::norm_reduce_partials);
   cpu::parallel_tasks(columns.count(), [&](int64_t t) {
     reduce_fn(partials.get(), n_chunks, hidden, a.dtype, dw.data, columns.begin(t), columns.end(t));
@@ -279,7 +444,9 @@ NormBackwardRows backward_rows(const TensorView& dx, const TensorView& dy, const
   return a;
 }
 
-const char* cpu_dtype_reason(const TensorView& x) {
+}  // namespace
+
+const char* norm_cpu_dtype_reason(const TensorView& x) {
   if (!x.device.is_cpu()) return "tensors are not on the cpu";
   switch (x.dtype) {
     case DType::f32: case DType::bf16: case DType::f16: return nullptr;
@@ -288,11 +455,11 @@ const char* cpu_dtype_reason(const TensorView& x) {
   }
 }
 
-}  // namespace
-
 void rms_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                   double eps, double offset) {
-  run_forward(forward_rows(y, x, w, eps, offset), row_tasks(x, 3));
+  NormForwardRows a = forward_rows(y, x, w, eps, offset);
+  a.stream = stream_outputs(2 * bytes_of(x), {&y});
+  run_forward(a, row_tasks(x, 3));
 }
 
 void fused_add_rms_norm_cpu(const Context&, const TensorView& y, const TensorView& s,
@@ -303,13 +470,16 @@ void fused_add_rms_norm_cpu(const Context&, const TensorView& y, const TensorVie
   a.residual_stride = residual.row_stride();
   a.s = s.data;
   a.s_stride = s.row_stride();
+  a.stream = stream_outputs(4 * bytes_of(x), {&y, &s});
   run_forward(a, row_tasks(x, 5));
 }
 
 void rms_norm_backward_cpu(const Context&, const TensorView& dx, const TensorView& dw,
                            const TensorView& dy, const TensorView& x, const TensorView& w,
                            double eps, double offset) {
-  run_backward(backward_rows(dx, dy, x, w, eps, offset), row_tasks(x, 4), dw);
+  NormBackwardRows a = backward_rows(dx, dy, x, w, eps, offset);
+  a.stream = stream_outputs(3 * bytes_of(x), {&dx});
+  run_backward(a, row_tasks(x, 4), dw);
 }
 
 void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
@@ -324,27 +494,28 @@ void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
   a.residual_stride = residual.row_stride();
   a.dresidual = dresidual.data;
   a.dresidual_stride = dresidual.row_stride();
+  a.stream = stream_outputs(6 * bytes_of(x), {&dx, &dresidual});
   run_backward(a, row_tasks(x, 7), dw);
 }
 
 const char* rms_norm_cpu_applicable(const TensorView&, const TensorView& x, const TensorView&,
                                     double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 const char* rms_norm_backward_cpu_applicable(const TensorView&, const TensorView&,
                                              const TensorView&, const TensorView& x,
                                              const TensorView&, double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 const char* fused_add_rms_norm_cpu_applicable(const TensorView&, const TensorView&,
                                               const TensorView& x, const TensorView&,
                                               const TensorView&, double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 const char* fused_add_rms_norm_backward_cpu_applicable(
     const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
     const TensorView& x, const TensorView&, const TensorView&, double, double) {
-  return cpu_dtype_reason(x);
+  return norm_cpu_dtype_reason(x);
 }
 
 }  // namespace opforge

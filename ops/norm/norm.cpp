@@ -7,10 +7,8 @@
 
 namespace opforge {
 
-namespace {
-
 // The parts every norm op shares: x a row tensor, w = [hidden] of x's dtype and device.
-void check_x_and_w(const char* op, const TensorView& x, const TensorView& w) {
+void norm_check_x_and_w(const char* op, const TensorView& x, const TensorView& w) {
   expect_row_tensor(op, "x", x);
   expect_defined(op, "w", w);
   expect_same_dtype(op, "w", w, "x", x);
@@ -20,7 +18,7 @@ void check_x_and_w(const char* op, const TensorView& x, const TensorView& w) {
 }
 
 // A row tensor with x's dtype, shape and device.
-void check_like_x(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
+void norm_check_like_x(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
   expect_defined(op, arg, t);
   expect_same_dtype(op, arg, t, "x", x);
   expect_same_shape(op, arg, t, "x", x);
@@ -29,7 +27,7 @@ void check_like_x(const char* op, const char* arg, const TensorView& t, const Te
 }
 
 // dw: [hidden] like w.
-void check_dw(const char* op, const TensorView& dw, const TensorView& w) {
+void norm_check_dw(const char* op, const TensorView& dw, const TensorView& w) {
   expect_defined(op, "dw", dw);
   expect_same_dtype(op, "dw", dw, "w", w);
   expect_same_shape(op, "dw", dw, "w", w);
@@ -37,47 +35,46 @@ void check_dw(const char* op, const TensorView& dw, const TensorView& w) {
   expect_same_device(op, "dw", dw, "w", w);
 }
 
-void check_scalars(const char* op, double eps, double offset) {
+void norm_check_scalars(const char* op, double eps, double offset) {
   expect_finite_scalar(op, "eps", eps, 0.0);
   expect_finite_scalar(op, "offset", offset);
 }
 
-}  // namespace
-
 // y may alias x exactly (in place); no other overlap of the output with an input.
-void RmsNorm::check(const TensorView& y, const TensorView& x, const TensorView& w, double eps,
-                    double offset) {
-  check_x_and_w(name, x, w);
-  check_like_x(name, "y", y, x);
+void check_rms_norm(const char* name, const TensorView& y, const TensorView& x,
+                    const TensorView& w, double eps, double offset) {
+  norm_check_x_and_w(name, x, w);
+  norm_check_like_x(name, "y", y, x);
   expect_no_overlap(name, "y", y, "x", x, Aliasing::exact);
   expect_no_overlap(name, "y", y, "w", w);
-  check_scalars(name, eps, offset);
+  norm_check_scalars(name, eps, offset);
 }
 
 // Outputs overlap nothing (no in-place form).
-void RmsNormBackward::check(const TensorView& dx, const TensorView& dw, const TensorView& dy,
-                            const TensorView& x, const TensorView& w, double eps, double offset) {
-  check_x_and_w(name, x, w);
-  check_like_x(name, "dy", dy, x);
-  check_like_x(name, "dx", dx, x);
-  check_dw(name, dw, w);
+void check_rms_norm_backward(const char* name, const TensorView& dx, const TensorView& dw,
+                             const TensorView& dy, const TensorView& x, const TensorView& w,
+                             double eps, double offset) {
+  norm_check_x_and_w(name, x, w);
+  norm_check_like_x(name, "dy", dy, x);
+  norm_check_like_x(name, "dx", dx, x);
+  norm_check_dw(name, dw, w);
   const std::pair<const char*, const TensorView*> inputs[] = {{"dy", &dy}, {"x", &x}, {"w", &w}};
   for (const auto& [arg, t] : inputs) {
     expect_no_overlap(name, "dx", dx, arg, *t);
     expect_no_overlap(name, "dw", dw, arg, *t);
   }
   expect_no_overlap(name, "dw", dw, "dx", dx);
-  check_scalars(name, eps, offset);
+  norm_check_scalars(name, eps, offset);
 }
 
 // vLLM's in-place form: y aliasing x and s aliasing residual exactly; nothing else overlaps.
-void FusedAddRmsNorm::check(const TensorView& y, const TensorView& s, const TensorView& x,
-                            const TensorView& residual, const TensorView& w, double eps,
-                            double offset) {
-  check_x_and_w(name, x, w);
-  check_like_x(name, "residual", residual, x);
-  check_like_x(name, "y", y, x);
-  check_like_x(name, "s", s, x);
+void check_fused_add_rms_norm(const char* name, const TensorView& y, const TensorView& s,
+                              const TensorView& x, const TensorView& residual,
+                              const TensorView& w, double eps, double offset) {
+  norm_check_x_and_w(name, x, w);
+  norm_check_like_x(name, "residual", residual, x);
+  norm_check_like_x(name, "y", y, x);
+  norm_check_like_x(name, "s", s, x);
   expect_no_overlap(name, "y", y, "x", x, Aliasing::exact);
   expect_no_overlap(name, "s", s, "residual", residual, Aliasing::exact);
   expect_no_overlap(name, "y", y, "s", s);
@@ -85,22 +82,22 @@ void FusedAddRmsNorm::check(const TensorView& y, const TensorView& s, const Tens
   expect_no_overlap(name, "y", y, "w", w);
   expect_no_overlap(name, "s", s, "x", x);
   expect_no_overlap(name, "s", s, "w", w);
-  check_scalars(name, eps, offset);
+  norm_check_scalars(name, eps, offset);
 }
 
 // dx and dresidual hold the same values and may be one buffer (exact alias); no other overlap.
-void FusedAddRmsNormBackward::check(const TensorView& dx, const TensorView& dresidual,
-                                    const TensorView& dw, const TensorView& dy,
-                                    const TensorView& ds, const TensorView& x,
-                                    const TensorView& residual, const TensorView& w, double eps,
-                                    double offset) {
-  check_x_and_w(name, x, w);
-  check_like_x(name, "residual", residual, x);
-  check_like_x(name, "dy", dy, x);
-  check_like_x(name, "ds", ds, x);
-  check_like_x(name, "dx", dx, x);
-  check_like_x(name, "dresidual", dresidual, x);
-  check_dw(name, dw, w);
+void check_fused_add_rms_norm_backward(const char* name, const TensorView& dx,
+                                       const TensorView& dresidual, const TensorView& dw,
+                                       const TensorView& dy, const TensorView& ds,
+                                       const TensorView& x, const TensorView& residual,
+                                       const TensorView& w, double eps, double offset) {
+  norm_check_x_and_w(name, x, w);
+  norm_check_like_x(name, "residual", residual, x);
+  norm_check_like_x(name, "dy", dy, x);
+  norm_check_like_x(name, "ds", ds, x);
+  norm_check_like_x(name, "dx", dx, x);
+  norm_check_like_x(name, "dresidual", dresidual, x);
+  norm_check_dw(name, dw, w);
   expect_no_overlap(name, "dx", dx, "dresidual", dresidual, Aliasing::exact);
   const std::pair<const char*, const TensorView*> inputs[] = {
       {"dy", &dy}, {"ds", &ds}, {"x", &x}, {"residual", &residual}, {"w", &w}};
@@ -111,7 +108,28 @@ void FusedAddRmsNormBackward::check(const TensorView& dx, const TensorView& dres
   }
   expect_no_overlap(name, "dw", dw, "dx", dx);
   expect_no_overlap(name, "dw", dw, "dresidual", dresidual);
-  check_scalars(name, eps, offset);
+  norm_check_scalars(name, eps, offset);
+}
+
+void RmsNorm::check(const TensorView& y, const TensorView& x, const TensorView& w, double eps,
+                    double offset) {
+  check_rms_norm(name, y, x, w, eps, offset);
+}
+void RmsNormBackward::check(const TensorView& dx, const TensorView& dw, const TensorView& dy,
+                            const TensorView& x, const TensorView& w, double eps, double offset) {
+  check_rms_norm_backward(name, dx, dw, dy, x, w, eps, offset);
+}
+void FusedAddRmsNorm::check(const TensorView& y, const TensorView& s, const TensorView& x,
+                            const TensorView& residual, const TensorView& w, double eps,
+                            double offset) {
+  check_fused_add_rms_norm(name, y, s, x, residual, w, eps, offset);
+}
+void FusedAddRmsNormBackward::check(const TensorView& dx, const TensorView& dresidual,
+                                    const TensorView& dw, const TensorView& dy,
+                                    const TensorView& ds, const TensorView& x,
+                                    const TensorView& residual, const TensorView& w, double eps,
+                                    double offset) {
+  check_fused_add_rms_norm_backward(name, dx, dresidual, dw, dy, ds, x, residual, w, eps, offset);
 }
 
 namespace {
@@ -209,6 +227,7 @@ void register_norm(Registry& reg) {
   register_rms_norm_backward(reg);
   register_fused_add_rms_norm(reg);
   register_fused_add_rms_norm_backward(reg);
+  register_norm_variants(reg);
 }
 
 }  // namespace opforge

@@ -38,6 +38,16 @@ using DU = hn::RebindToUnsigned<DF>;
 using VU = hn::Vec<DU>;
 using DI = hn::RebindToSigned<DF>;
 using D16 = hn::Rebind<uint16_t, DF>;
+using DH = hn::Rebind<hwy::float16_t, DF>;
+
+// x86 targets from AVX2 up have F16C: hardware f16 <-> f32 conversions that round like
+// dtype.h's scalar ones (checked on every target by tests/ops_norm_activation_test.cpp).
+#undef OPFORGE_HWY_F16C
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+#define OPFORGE_HWY_F16C 1
+#else
+#define OPFORGE_HWY_F16C 0
+#endif
 
 // Lanes of every vector of a buffer that holds one f32 vector of any target.
 inline constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
@@ -110,21 +120,57 @@ HWY_INLINE VF load(const bf16_t* p) {
   return bf16_bits_to_f32(hn::PromoteTo(DU(), hn::LoadU(D16(), &p->bits)));
 }
 HWY_INLINE VF load(const f16_t* p) {
+#if OPFORGE_HWY_F16C
+  // F16C widens exactly, except that it quiets signalling NaNs: NaN lanes take the bit path.
+  const VF v = hn::PromoteTo(DF(), hn::LoadU(DH(), reinterpret_cast<const hwy::float16_t*>(p)));
+  if (HWY_LIKELY(hn::AllFalse(DF(), hn::IsNaN(v)))) return v;
+#endif
   return f16_bits_to_f32(hn::PromoteTo(DU(), hn::LoadU(D16(), &p->bits)));
 }
 
-HWY_INLINE void store(VF v, float* p) { hn::StoreU(v, DF(), p); }
-HWY_INLINE void store(VF v, bf16_t* p) {
-  hn::StoreU(hn::DemoteTo(D16(), hn::BitCast(DI(), bf16_bits(v))), D16(), &p->bits);
+// kStream: a non-temporal store (Note [streaming stores]); p must be aligned to the vector.
+template <bool kStream, class D, class V, class P> HWY_INLINE void put(V v, D d, P* p) {
+  if constexpr (kStream) hn::Stream(v, d, p);
+  else hn::StoreU(v, d, p);
 }
-HWY_INLINE void store(VF v, f16_t* p) {
-  hn::StoreU(hn::DemoteTo(D16(), hn::BitCast(DI(), f16_bits(v))), D16(), &p->bits);
+
+template <bool kStream = false> HWY_INLINE void store(VF v, float* p) { put<kStream>(v, DF(), p); }
+template <bool kStream = false> HWY_INLINE void store(VF v, bf16_t* p) {
+  put<kStream>(hn::DemoteTo(D16(), hn::BitCast(DI(), bf16_bits(v))), D16(), &p->bits);
+}
+template <bool kStream = false> HWY_INLINE void store(VF v, f16_t* p) {
+#if OPFORGE_HWY_F16C
+  // F16C rounds to nearest even (subnormals, overflow and NaN as f16_bits); one instruction.
+  put<kStream>(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(p));
+#else
+  put<kStream>(hn::DemoteTo(D16(), hn::BitCast(DI(), f16_bits(v))), D16(), &p->bits);
+#endif
+}
+
+// The bf16 of v (rounded to nearest even) in the upper 16 bits of each lane, for v not NaN; the
+// lower 16 bits are left over from the rounding.
+HWY_INLINE VU bf16_round_high(VF v) {
+  const DU du;
+  const VU u = hn::BitCast(du, v);
+  return hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u))));
 }
 
 // v rounded to T and widened back: the value a store of v to T and a load would give.
 template <class T> HWY_INLINE VF round_to(VF v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return bf16_bits_to_f32(bf16_bits(v));
-  if constexpr (std::is_same_v<T, f16_t>) return f16_bits_to_f32(f16_bits(v));
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const DU du;
+    const VU high = hn::Set(du, 0xffff0000u);
+    const VU quiet_nan = hn::Or(hn::And(hn::BitCast(du, v), high), hn::Set(du, 0x00400000u));
+    return hn::BitCast(DF(), hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan,
+                                            hn::And(bf16_round_high(v), high)));
+  }
+  if constexpr (std::is_same_v<T, f16_t>) {
+#if OPFORGE_HWY_F16C
+    return hn::PromoteTo(DF(), hn::DemoteTo(DH(), v));
+#else
+    return f16_bits_to_f32(f16_bits(v));
+#endif
+  }
   return v;
 }
 
@@ -143,6 +189,104 @@ template <class T> HWY_INLINE void store_n(VF v, T* p, size_t count) {
   alignas(64) T buffer[kMaxLanes];
   store(v, buffer);
   std::memcpy(static_cast<void*>(p), buffer, count * sizeof(T));
+}
+
+// ---- Note [pair order] ------------------------------------------------------------------------
+// Pair loops move 2 N elements per step (N = Lanes) as two f32 vectors a, b. Which element lands
+// in which lane depends on the storage type: for f32 and f16, a = elements [0, N) and b = [N, 2N);
+// for bf16, a = the odd elements and b = the even ones, because one 32-bit load then splits the
+// bf16 pairs with an and and a shift, and a store joins them with one blend: no pack and no
+// cross-lane permute (both costly on targets that split 256-bit vectors, e.g. Zen 1). Element-wise
+// code does not care about the order as long as every row of one call uses the same one: f32
+// scratch rows (a norm's gain, dw partials) are written as plain a, b vectors from pair loads of
+// the op's dtype, so they follow it. Row tails (n % 2N elements) use load_n / store_n, natural
+// order. The SCALAR target (one lane) always uses the natural order.
+template <class T> HWY_INLINE void load_pair(const T* p, VF& a, VF& b) {
+  #if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const DU du;
+    const VU u = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+    a = hn::BitCast(DF(), hn::And(u, hn::Set(du, 0xffff0000u)));
+    b = hn::BitCast(DF(), hn::ShiftLeft<16>(u));
+  } else
+#endif
+  {
+    a = load(p);
+    b = load(p + hn::Lanes(DF()));
+  }
+}
+
+// Stores a, b in pair order, rounding to nearest even (Note [vector rounding]). kStream: p is
+// aligned to the pair step's bytes (Note [streaming stores]).
+template <bool kStream = false, class T> HWY_INLINE void store_pair(VF a, VF b, T* p) {
+  #if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const DF df;
+    VU odd, even;
+    if (HWY_LIKELY(hn::AllFalse(df, hn::Or(hn::IsNaN(a), hn::IsNaN(b))))) {
+      odd = bf16_round_high(a);
+      even = hn::ShiftRight<16>(bf16_round_high(b));
+    } else {
+      odd = hn::ShiftLeft<16>(bf16_bits(a));
+      even = bf16_bits(b);
+    }
+    const hn::Repartition<uint16_t, DF> d16;
+    put<kStream>(hn::OddEven(hn::BitCast(d16, odd), hn::BitCast(d16, even)), d16, &p->bits);
+  } else
+#endif
+  {
+    store<kStream>(a, p);
+    store<kStream>(b, p + hn::Lanes(DF()));
+  }
+}
+
+// Stores a, b in pair order when they already hold values of T (round_to<T> results): for bf16
+// the low 16 bits are zero, so no rounding is needed.
+template <bool kStream = false, class T> HWY_INLINE void store_pair_exact(VF a, VF b, T* p) {
+  #if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const DU du;
+    const hn::Repartition<uint16_t, DF> d16;
+    const VU even = hn::ShiftRight<16>(hn::BitCast(du, b));
+    put<kStream>(hn::OddEven(hn::BitCast(d16, a), hn::BitCast(d16, even)), d16, &p->bits);
+  } else
+#endif
+  {
+    store_pair<kStream>(a, b, p);
+  }
+}
+
+// f32 scratch in pair order: a at p, b at p + N.
+HWY_INLINE void load_scratch(const float* p, VF& a, VF& b) {
+  a = load(p);
+  b = load(p + hn::Lanes(DF()));
+}
+HWY_INLINE void store_scratch(VF a, VF b, float* p) {
+  store(a, p);
+  store(b, p + hn::Lanes(DF()));
+}
+
+// Elements [0, n) of a row: pair(i) for each full pair step i = 0, 2N, ...; then tail(i, count)
+// for the rest, one vector (count <= N) at a time.
+template <class Pair, class Tail>
+HWY_INLINE void for_each_pair(int64_t n, Pair&& pair, Tail&& tail) {
+  const int64_t lanes = int64_t(hn::Lanes(DF()));
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) pair(i);
+  for (; i < n; i += lanes) tail(i, size_t(std::min(lanes, n - i)));
+}
+
+// Note [streaming stores]: a kernel whose rows do not fit the last-level cache may write its
+// outputs with non-temporal stores (store_pair<true>): the lines go to memory without being read
+// first (no read-for-ownership), which saves a third of a copy's traffic; the harness's copy
+// ceiling (memcpy) does the same. The caller guarantees alignment (every pair step of every row
+// aligned to its bytes), writes tails with plain stores, and calls hwy::FlushStream() before the
+// data is read by another thread.
+
+// Where the pair steps of a row of n elements end (the tail starts).
+HWY_INLINE int64_t pair_end(int64_t n) {
+  const int64_t step = 2 * int64_t(hn::Lanes(DF()));
+  return n - n % step;
 }
 
 HWY_INLINE float sum_lanes(VF v) { return hn::GetLane(hn::SumOfLanes(DF(), v)); }
@@ -170,11 +314,17 @@ template <class Body> HWY_INLINE void for_each_vector(int64_t n, Body&& body) {
 
 // gain[i] = w[i] + offset in f32, for i in [0, n): the per-column factor of the norm ops,
 // converted once per task instead of once per row.
+// The row is in Note [pair order] for T.
 template <class T> HWY_INLINE void gain_row(const T* w, float offset, float* gain, int64_t n) {
   const VF voff = hn::Set(DF(), offset);
-  for_each_vector(n, [&](int64_t i, size_t count) {
-    store_n(hn::Add(load_n(w + i, count), voff), gain + i, count);
-  });
+  for_each_pair(
+      n,
+      [&](int64_t i) {
+        VF a, b;
+        load_pair(w + i, a, b);
+        store_scratch(hn::Add(a, voff), hn::Add(b, voff), gain + i);
+      },
+      [&](int64_t i, size_t count) { store_n(hn::Add(load_n(w + i, count), voff), gain + i, count); });
 }
 
 // Sum over a row: term(i, count, acc) adds lanes [i, i + count) into acc. Two accumulators
