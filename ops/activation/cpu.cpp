@@ -139,6 +139,85 @@ template <class T> HWY_INLINE void store_pairs(VF a, VF b, T* p, size_t count, b
   if (count != lanes) std::memcpy(static_cast<void*>(p), buffer, 2 * count * sizeof(T));
 }
 
+// ---- blocks of two vectors ------------------------------------------------------------------------
+// Note [block order]: the halves and pointwise kernels work on blocks of 2 * Lanes elements held in
+// two f32 vectors lo, hi. On AVX2, a bf16 block is widened by interleaving with zeros per 128-bit
+// half (lo = elements 0-3 and 8-11, hi = 4-7 and 12-15) and narrowed by the matching pack, one
+// instruction per vector each way instead of a widening load, a pack and a lane permute per
+// vector; store_block undoes exactly the order load_block made, so elementwise code never sees
+// it. Elsewhere lo and hi are the two halves in order.
+struct Block {
+  VF lo, hi;
+};
+
+#if HWY_TARGET == HWY_AVX2
+// bf16 bits of v, rounded to nearest even, in the high 16 bits of each u32 lane shifted down.
+// No NaN case (Note [vector rounding] needs one): every NaN of these kernels comes from a bf16
+// input or from an invalid operation (x86's default NaN), so its low 16 bits are zero and the
+// rounding increment (at most 0x8000) cannot carry into the kept bits.
+HWY_INLINE __m256i bf16_round_bits(VF v) {
+  const DU du;
+  const VU u = hn::BitCast(du, v);
+  const VU odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  return hn::ShiftRight<16>(hn::Add(u, hn::Add(odd, hn::Set(du, 0x7fffu)))).raw;
+}
+#endif
+
+template <class T> HWY_INLINE Block load_block_full(const T* p) {
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i zero = _mm256_setzero_si256();
+    return {VF{_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v))},
+            VF{_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v))}};
+  }
+#endif
+  return {load_vec(p), load_vec(p + hn::Lanes(DF()))};
+}
+
+// `stream`: Note [streaming stores]; p is then aligned to block_bytes<T>().
+template <class T> HWY_INLINE void store_block_full(const Block& b, T* p, bool stream) {
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const __m256i packed = _mm256_packus_epi32(bf16_round_bits(b.lo), bf16_round_bits(b.hi));
+    __m256i* to = reinterpret_cast<__m256i*>(p);
+    if (stream) return _mm256_stream_si256(to, packed);
+    return _mm256_storeu_si256(to, packed);
+  }
+#endif
+  store_vec(b.lo, p, stream);
+  store_vec(b.hi, p + hn::Lanes(DF()), stream);
+}
+
+template <class T> HWY_INLINE size_t block_bytes() { return 2 * vector_bytes<T>(); }
+template <class T> HWY_INLINE bool block_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % block_bytes<T>() == 0;
+}
+
+// count <= 2 * Lanes elements; a short block goes through a zeroed buffer.
+template <class T> HWY_INLINE Block load_block(const T* p, size_t count) {
+  if (HWY_LIKELY(count == 2 * hn::Lanes(DF()))) return load_block_full(p);
+  alignas(64) T buffer[2 * kMaxLanes];
+  std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
+  std::memcpy(static_cast<void*>(buffer), p, count * sizeof(T));
+  return load_block_full(buffer);
+}
+
+template <class T> HWY_INLINE void store_block(const Block& b, T* p, size_t count, bool stream) {
+  if (HWY_LIKELY(count == 2 * hn::Lanes(DF()))) return store_block_full(b, p, stream);
+  alignas(64) T buffer[2 * kMaxLanes];
+  store_block_full(b, buffer, false);
+  std::memcpy(static_cast<void*>(p), buffer, count * sizeof(T));
+}
+
+// body(i, count) for i = 0, 2N, 4N, ... < n with count = min(2N, n - i), N = Lanes.
+template <class Body> HWY_INLINE void for_each_block(int64_t n, Body&& body) {
+  const int64_t step = 2 * int64_t(hn::Lanes(DF()));
+  int64_t i = 0;
+  for (; i + step <= n; i += step) body(i, size_t(step));
+  if (i < n) body(i, size_t(n - i));
+}
+
 // ---- the two templates ---------------------------------------------------------------------------
 template <class Fn> constexpr bool kInterleaved = std::is_same_v<Fn, SwigluOai>;
 
@@ -149,34 +228,46 @@ template <class T> HWY_INLINE T* row_out(void* base, int64_t stride, int64_t row
   return static_cast<T*>(base) + row * stride;
 }
 
-// Gate and up values of gated columns [c + i, c + i + count) of one row of x.
-template <class Fn, class T>
-HWY_INLINE void load_gated(const ActRows& g, const T* x, int64_t col, size_t count, VF& a, VF& b) {
-  if constexpr (kInterleaved<Fn>) {
-    load_pairs(x + 2 * col, count, a, b);
-  } else {
-    a = load_part(x + g.gate_offset + col, count);
-    b = load_part(x + g.up_offset + col, count);
-  }
-}
-
 template <class Fn, class T>
 void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                         int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row);
     T* y = row_out<T>(g.out, g.out_stride, row) + c0;
-    const bool stream = g.stream && stream_aligned(y);
-    for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
-      VF a, b;
-      load_gated<Fn>(g, x, c0 + i, count, a, b);
-      const VF up = Fn::kIdentityUp ? b : fn.up(b);
-      store_part(hn::Mul(fn.value(a), up), y + i, count, stream);
-    });
+    if constexpr (kInterleaved<Fn>) {
+      const bool stream = g.stream && stream_aligned(y);
+      for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
+        VF a, b;
+        load_pairs(x + 2 * (c0 + i), count, a, b);
+        store_part(hn::Mul(fn.value(a), fn.up(b)), y + i, count, stream);
+      });
+    } else {
+      const T* gate = x + g.gate_offset + c0;
+      const T* up = x + g.up_offset + c0;
+      const bool stream = g.stream && block_aligned(y);
+      for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+        const Block a = load_block(gate + i, count), b = load_block(up + i, count);
+        store_block(Block{hn::Mul(fn.value(a.lo), b.lo), hn::Mul(fn.value(a.hi), b.hi)}, y + i,
+                    count, stream);
+      });
+    }
   }
 }
 
 // d gate = dy * up(b) * act'(a), d up = dy * act(a) * up'(b), stored where x holds gate and up.
+template <class Fn, class T>
+HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& grad_b) {
+  VF v, slope;
+  fn.value_slope(a, v, slope);
+  if constexpr (Fn::kIdentityUp) {
+    grad_a = hn::Mul(hn::Mul(gy, b), slope);
+    grad_b = hn::Mul(gy, v);
+  } else {
+    grad_a = hn::Mul(hn::Mul(gy, fn.up(b)), slope);
+    grad_b = hn::Mul(hn::Mul(gy, v), fn.up_slope(b));
+  }
+}
+
 template <class Fn, class T>
 void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                          int64_t c1) {
@@ -184,44 +275,44 @@ void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1,
     const T* x = row_in<T>(g.x, g.x_stride, row);
     const T* dy = row_in<T>(g.dy, g.dy_stride, row) + c0;
     T* dx = row_out<T>(g.out, g.out_stride, row);
-    T* da = dx + g.gate_offset + c0;
-    T* db = dx + g.up_offset + c0;
-    const bool stream = g.stream && (kInterleaved<Fn> ? stream_aligned(dx + 2 * c0)
-                                                      : stream_aligned(da) && stream_aligned(db));
-    for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
-      VF a, b;
-      load_gated<Fn>(g, x, c0 + i, count, a, b);
-      const VF gy = load_part(dy + i, count);
-      VF v, slope;
-      fn.value_slope(a, v, slope);
-      VF grad_a, grad_b;
-      if constexpr (Fn::kIdentityUp) {
-        grad_a = hn::Mul(hn::Mul(gy, b), slope);
-        grad_b = hn::Mul(gy, v);
-      } else {
-        grad_a = hn::Mul(hn::Mul(gy, fn.up(b)), slope);
-        grad_b = hn::Mul(hn::Mul(gy, v), fn.up_slope(b));
-      }
-      if constexpr (kInterleaved<Fn>) {
+    if constexpr (kInterleaved<Fn>) {
+      const bool stream = g.stream && stream_aligned(dx + 2 * c0);
+      for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
+        VF a, b, grad_a, grad_b;
+        load_pairs(x + 2 * (c0 + i), count, a, b);
+        gated_grads<Fn, T>(fn, a, b, load_part(dy + i, count), grad_a, grad_b);
         store_pairs(grad_a, grad_b, dx + 2 * (c0 + i), count, stream);
-      } else {
-        store_part(grad_a, da + i, count, stream);
-        store_part(grad_b, db + i, count, stream);
-      }
-    });
+      });
+    } else {
+      const T* gate = x + g.gate_offset + c0;
+      const T* up = x + g.up_offset + c0;
+      T* da = dx + g.gate_offset + c0;
+      T* db = dx + g.up_offset + c0;
+      const bool stream = g.stream && block_aligned(da) && block_aligned(db);
+      for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+        const Block a = load_block(gate + i, count), b = load_block(up + i, count);
+        const Block gy = load_block(dy + i, count);
+        Block grad_a, grad_b;
+        gated_grads<Fn, T>(fn, a.lo, b.lo, gy.lo, grad_a.lo, grad_b.lo);
+        gated_grads<Fn, T>(fn, a.hi, b.hi, gy.hi, grad_a.hi, grad_b.hi);
+        store_block(grad_a, da + i, count, stream);
+        store_block(grad_b, db + i, count, stream);
+      });
+    }
   }
 }
 
-// y may be x itself: each vector is loaded before it is stored.
+// y may be x itself: each block is loaded before it is stored.
 template <class Fn, class T>
 void pointwise_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                             int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
     T* y = row_out<T>(g.out, g.out_stride, row) + c0;
-    const bool stream = g.stream && stream_aligned(y);
-    for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
-      store_part(fn.value(load_part(x + i, count)), y + i, count, stream);
+    const bool stream = g.stream && block_aligned(y);
+    for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+      const Block v = load_block(x + i, count);
+      store_block(Block{fn.value(v.lo), fn.value(v.hi)}, y + i, count, stream);
     });
   }
 }
@@ -234,11 +325,13 @@ void pointwise_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t
     const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
     const T* dy = row_in<T>(g.dy, g.dy_stride, row) + c0;
     T* dx = row_out<T>(g.out, g.out_stride, row) + c0;
-    const bool stream = g.stream && stream_aligned(dx);
-    for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
-      VF v, slope;
-      fn.value_slope(load_part(x + i, count), v, slope);
-      store_part(hn::Mul(load_part(dy + i, count), slope), dx + i, count, stream);
+    const bool stream = g.stream && block_aligned(dx);
+    for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+      const Block v = load_block(x + i, count), gy = load_block(dy + i, count);
+      Block value, slope;
+      fn.value_slope(v.lo, value.lo, slope.lo);
+      fn.value_slope(v.hi, value.hi, slope.hi);
+      store_block(Block{hn::Mul(gy.lo, slope.lo), hn::Mul(gy.hi, slope.hi)}, dx + i, count, stream);
     });
   }
 }

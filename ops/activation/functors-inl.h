@@ -48,13 +48,13 @@ HWY_INLINE VF exp_f32(VF x) {
   // f = x - n ln2 with ln2 = 0.693359375 - 2.12194440e-4 (the first part exact in 9 bits).
   VF f = hn::MulAdd(n, splat(-0.693359375f), x);
   f = hn::MulAdd(n, splat(2.12194440e-4f), f);
-  VF p = splat(1.0f / 720);
-  p = hn::MulAdd(p, f, splat(1.0f / 120));
-  p = hn::MulAdd(p, f, splat(1.0f / 24));
-  p = hn::MulAdd(p, f, splat(1.0f / 6));
-  p = hn::MulAdd(p, f, splat(0.5f));
-  p = hn::MulAdd(p, f, splat(1.0f));
-  p = hn::MulAdd(p, f, splat(1.0f));
+  // Taylor polynomial of degree 6 by Estrin's scheme (depth 4 instead of 6 dependent FMAs):
+  // (1 + f) + f^2 (1/2 + f/6) + f^4 ((1/24 + f/120) + f^2/720)
+  const VF f2 = hn::Mul(f, f);
+  const VF f4 = hn::Mul(f2, f2);
+  const VF low = hn::MulAdd(f2, hn::MulAdd(f, splat(1.0f / 6), splat(0.5f)), hn::Add(f, splat(1.0f)));
+  const VF high = hn::MulAdd(f2, splat(1.0f / 720), hn::MulAdd(f, splat(1.0f / 120), splat(1.0f / 24)));
+  const VF p = hn::MulAdd(f4, high, low);
   const VF scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(DU(), t)));
   return hn::IfThenZeroElse(underflow, hn::Mul(p, scale));
 }
