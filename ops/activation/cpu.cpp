@@ -5,12 +5,15 @@
 // the reference kernel, the predicates say so); the op's check has run (outputs overlap no input,
 // except a pointwise output that is exactly its input or upstream gradient).
 //
-// Why it is fast (x86 AVX2 numbers; one Highway source, runtime dispatch to AVX-512/AVX2/SSE4/NEON):
+// Why it is fast (one Highway source, runtime dispatch to AVX-512/AVX2/SSE4/NEON):
 // - Each element is loaded once, its activation computed in f32 registers and the result rounded
 //   once on the store. The math is a few FMAs per element (Note [activation math]): one polynomial
-//   exponential and one Newton-refined reciprocal, no divide, no tanh, no erf call; an earlier
-//   version spent ~60 instructions per 8 bf16 outputs in Highway's exp, a two-step reciprocal and
-//   the conversions, and reached ~10% of the copy ceiling.
+//   exponential and one reciprocal, no tanh or erf call. These kernels are compute-bound on a
+//   small AVX2 core, so every instruction counts: an earlier silu_and_mul spent ~60 instructions
+//   per 8 bf16 outputs (Highway's general Exp, a two-step Newton reciprocal, compare-and-blend
+//   selects, a per-vector widen / round / pack / permute) and reached ~10% of the copy ceiling.
+// - Note [block order]: bf16 is widened and narrowed two vectors at a time with one unpack / one
+//   pack instruction per vector on AVX2.
 // - f16 loads and stores use the F16C conversion instructions where the target has them (AVX2 and
 //   up; they round to nearest even exactly as Note [rounding]); the bit-twiddled conversion of
 //   backends/cpu/simd-inl.h (~15 instructions a vector each way) serves the other targets.

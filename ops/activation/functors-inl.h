@@ -13,7 +13,8 @@
 // non-positive argument (exp_f32 below) and one reciprocal. tanh(u) is never evaluated:
 // 0.5 (1 + tanh(u)) = sigmoid(2u), so gelu_tanh(x) = x sigmoid(2u). The exponential is a degree-6
 // polynomial on [-ln2/2, ln2/2] after a Cody-Waite reduction (relative error ~2e-7, far inside
-// the f32 tolerance); the reciprocal is the hardware estimate with Newton steps.
+// the f32 tolerance); sigmoid's reciprocal is one divide (the divider runs beside the FMA units,
+// and its exact rounding makes silu(a) of a large a exactly a).
 // Both are a handful of fused multiply-adds, so a bf16 kernel stays memory-bound on AVX2.
 
 #if defined(OPFORGE_OPS_ACTIVATION_FUNCTORS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -59,31 +60,31 @@ HWY_INLINE VF exp_f32(VF x) {
   return hn::IfThenZeroElse(underflow, hn::Mul(p, scale));
 }
 
-// 1 / v for v in [1, 2^64]: hardware estimate and one Newton step (Note [activation math]).
+// 1 / v for v in [1, 2^64]: hardware estimate and one Newton step (~23 bits; erfc's t).
 HWY_INLINE VF reciprocal1(VF v) {
   const VF r = hn::ApproximateReciprocal(v);
   return hn::MulAdd(r, hn::NegMulAdd(v, r, splat(1.0f)), r);
 }
 
 // sigmoid(a) from e = exp(-|a|) in [0, 1]: 1 / (1 + e) for a >= 0, e / (1 + e) otherwise, so the
-// exponential never overflows and 1 + e stays in [1, 2]. The reciprocal takes two Newton steps
-// (backends/cpu/simd-inl.h): 1 / 1 is then exactly 1 and silu(a) of a large a exactly a.
+// exponential never overflows and 1 + e stays in [1, 2].
+HWY_INLINE VF neg_abs(VF a) { return hn::Or(a, splat(-0.0f)); }  // -|a|: set the sign bit
+
 HWY_INLINE VF sigmoid(VF a) {
-  const VF e = exp_f32(hn::Neg(hn::Abs(a)));
-  const VF r = reciprocal(hn::Add(splat(1.0f), e));
-  return hn::IfThenElse(hn::Lt(a, hn::Zero(DF())), hn::Mul(e, r), r);
+  const VF e = exp_f32(neg_abs(a));
+  const VF r = hn::Div(splat(1.0f), hn::Add(splat(1.0f), e));
+  return hn::IfNegativeThenElse(a, hn::Mul(e, r), r);  // blends on the sign bit, no compare
 }
 
 // s = sigmoid(a) and sc = 1 - s = sigmoid(-a), each from e and r as above: 1 - s computed as a
 // difference would lose its relative accuracy where s is near 1, and derivatives multiply it by
 // terms that grow with a (a^3 in gelu_tanh).
 HWY_INLINE void sigmoid_both(VF a, VF& s, VF& sc) {
-  const VF e = exp_f32(hn::Neg(hn::Abs(a)));
-  const VF r = reciprocal(hn::Add(splat(1.0f), e));
+  const VF e = exp_f32(neg_abs(a));
+  const VF r = hn::Div(splat(1.0f), hn::Add(splat(1.0f), e));
   const VF er = hn::Mul(e, r);
-  const auto negative = hn::Lt(a, hn::Zero(DF()));
-  s = hn::IfThenElse(negative, er, r);
-  sc = hn::IfThenElse(negative, r, er);
+  s = hn::IfNegativeThenElse(a, er, r);
+  sc = hn::IfNegativeThenElse(a, r, er);
 }
 
 // Gated functors multiply the activation of the gate by the up value itself.
@@ -138,7 +139,7 @@ struct GeluErf : IdentityUp {
                               0.09678418f, 0.37409196f, 1.00002368f, -1.26551223f})
       p = hn::MulAdd(p, t, splat(coefficient));
     const VF half_erfc = hn::Mul(hn::Mul(splat(0.5f), t), exp_f32(hn::NegMulAdd(z, z, p)));
-    return hn::IfThenElse(hn::Lt(a, hn::Zero(DF())), half_erfc, hn::Sub(splat(1.0f), half_erfc));
+    return hn::IfNegativeThenElse(a, half_erfc, hn::Sub(splat(1.0f), half_erfc));
   }
   HWY_INLINE VF value(VF a) const { return hn::Mul(a, phi_cdf(a)); }
   // d/da = Phi(a) + a phi(a), phi(a) = e^(-a^2 / 2) / sqrt(2 pi)
