@@ -279,7 +279,8 @@ void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1,
     const T* dy = row_in<T>(g.dy, g.dy_stride, row) + c0;
     T* dx = row_out<T>(g.out, g.out_stride, row);
     if constexpr (kInterleaved<Fn>) {
-      const bool stream = g.stream && stream_aligned(dx + 2 * c0);
+      // store_pairs streams one u32 vector: 2 * Lanes elements of T, block_bytes<T>().
+      const bool stream = g.stream && block_aligned(dx + 2 * c0);
       for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
         VF a, b, grad_a, grad_b;
         load_pairs(x + 2 * (c0 + i), count, a, b);
