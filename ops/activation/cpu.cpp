@@ -8,10 +8,11 @@
 // Why it is fast (one Highway source, runtime dispatch to AVX-512/AVX2/SSE4/NEON):
 // - Each element is loaded once, its activation computed in f32 registers and the result rounded
 //   once on the store. The math is a few FMAs per element (Note [activation math]): one polynomial
-//   exponential and one reciprocal, no tanh or erf call. These kernels are compute-bound on a
-//   small AVX2 core, so every instruction counts: an earlier silu_and_mul spent ~60 instructions
-//   per 8 bf16 outputs (Highway's general Exp, a two-step Newton reciprocal, compare-and-blend
-//   selects, a per-vector widen / round / pack / permute) and reached ~10% of the copy ceiling.
+//   exponential and one reciprocal, no tanh or erf call. On a small AVX2 core these kernels are
+//   compute-bound, so every instruction counts: Highway's general Exp, a two-step Newton
+//   reciprocal, compare-and-blend selects and a per-vector widen / round / pack / permute for
+//   bf16 cost ~60 instructions per 8 silu_and_mul outputs; this file needs about half.
+//   Measured fractions of the copy ceiling: docs/perf/cpu-activation.md.
 // - Note [block order]: bf16 is widened and narrowed two vectors at a time with one unpack / one
 //   pack instruction per vector on AVX2.
 // - f16 loads and stores use the F16C conversion instructions where the target has them (AVX2 and
