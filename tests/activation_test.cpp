@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/convert.h"
 #include "opforge/error.h"
 #include "opforge/registry.h"
 #include "ops/activation/internal.h"
@@ -99,9 +100,8 @@ void expect_forward(const char* what, const Shape& x_shape, const Shape& y_shape
   }
 }
 
-TEST(ActivationFamilyValues, GatedHandExamples) {
-  for (bool cpu : {false, true}) {
-    SCOPED_TRACE(cpu ? "cpu" : "reference");
+void gated_hand_examples(bool cpu) {
+  {
     // x = [a | b]; mul_and_silu: a * silu(b), a = 2, b = 1.
     expect_forward("mul_and_silu", {1, 2}, {1, 1}, {2, 1}, {1.4621171572600098},
                    [&](const TV& y, const TV& x) {
@@ -131,9 +131,8 @@ TEST(ActivationFamilyValues, GatedHandExamples) {
   }
 }
 
-TEST(ActivationFamilyValues, PointwiseHandExamples) {
-  for (bool cpu : {false, true}) {
-    SCOPED_TRACE(cpu ? "cpu" : "reference");
+void pointwise_hand_examples(bool cpu) {
+  {
     const std::vector<double> x = {1, 0, -2, 3};
     expect_forward("gelu_new", {4}, {4}, x, {0.8411919906082768, 0}, [&](const TV& y, const TV& v) {
       cpu ? gelu_new_cpu(kCtx, y, v) : gelu_new_reference(kCtx, y, v);
@@ -155,6 +154,22 @@ TEST(ActivationFamilyValues, PointwiseHandExamples) {
                          : xielu_reference(kCtx, y, v, 0.8, 0.8, 0.5, -1e-6);
                    });
   }
+}
+
+TEST(ActivationFamilyValues, ReferenceHandExamples) {
+  gated_hand_examples(false);
+  pointwise_hand_examples(false);
+}
+
+// The cpu kernels on every SIMD target this machine runs (the dispatch is restricted in turn).
+TEST(ActivationFamilyValues, CpuHandExamplesOnEveryTarget) {
+  for (const cpu::SimdTarget& target : cpu::simd_targets()) {
+    SCOPED_TRACE(target.name);
+    cpu::restrict_simd_target_for_testing(target.bit);
+    gated_hand_examples(true);
+    pointwise_hand_examples(true);
+  }
+  cpu::restrict_simd_target_for_testing(0);
 }
 
 // Clamped inputs of swigluoai_and_mul get no gradient (torch.clamp's rule), kernel by kernel.

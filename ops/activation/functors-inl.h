@@ -68,12 +68,25 @@ HWY_INLINE VF reciprocal1(VF v) {
 
 // sigmoid(a) from e = exp(-|a|) in [0, 1]: 1 / (1 + e) for a >= 0, e / (1 + e) otherwise, so the
 // exponential never overflows and 1 + e stays in [1, 2].
+// yes where a's sign bit is set, else no. Highway 1.0's IfNegativeThenElse relies on a blend that
+// reads only the sign bit, which SSSE3 and older lack (their select needs a full-lane mask).
+HWY_INLINE VF if_negative(VF a, VF yes, VF no) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
+  return hn::IfNegativeThenElse(a, yes, no);
+#else
+  const DF d;
+  const DI di;
+  return hn::IfThenElse(hn::MaskFromVec(hn::BitCast(d, hn::BroadcastSignBit(hn::BitCast(di, a)))),
+                        yes, no);
+#endif
+}
+
 HWY_INLINE VF neg_abs(VF a) { return hn::Or(a, splat(-0.0f)); }  // -|a|: set the sign bit
 
 HWY_INLINE VF sigmoid(VF a) {
   const VF e = exp_f32(neg_abs(a));
   const VF r = hn::Div(splat(1.0f), hn::Add(splat(1.0f), e));
-  return hn::IfNegativeThenElse(a, hn::Mul(e, r), r);  // blends on the sign bit, no compare
+  return if_negative(a, hn::Mul(e, r), r);  // blends on the sign bit, no compare
 }
 
 // s = sigmoid(a) and sc = 1 - s = sigmoid(-a), each from e and r as above: 1 - s computed as a
@@ -83,8 +96,8 @@ HWY_INLINE void sigmoid_both(VF a, VF& s, VF& sc) {
   const VF e = exp_f32(neg_abs(a));
   const VF r = hn::Div(splat(1.0f), hn::Add(splat(1.0f), e));
   const VF er = hn::Mul(e, r);
-  s = hn::IfNegativeThenElse(a, er, r);
-  sc = hn::IfNegativeThenElse(a, r, er);
+  s = if_negative(a, er, r);
+  sc = if_negative(a, r, er);
 }
 
 // Gated functors multiply the activation of the gate by the up value itself.
@@ -139,7 +152,7 @@ struct GeluErf : IdentityUp {
                               0.09678418f, 0.37409196f, 1.00002368f, -1.26551223f})
       p = hn::MulAdd(p, t, splat(coefficient));
     const VF half_erfc = hn::Mul(hn::Mul(splat(0.5f), t), exp_f32(hn::NegMulAdd(z, z, p)));
-    return hn::IfNegativeThenElse(a, half_erfc, hn::Sub(splat(1.0f), half_erfc));
+    return if_negative(a, half_erfc, hn::Sub(splat(1.0f), half_erfc));
   }
   HWY_INLINE VF value(VF a) const { return hn::Mul(a, phi_cdf(a)); }
   // d/da = Phi(a) + a phi(a), phi(a) = e^(-a^2 / 2) / sqrt(2 pi)
