@@ -454,11 +454,20 @@ void run_tiles(const ActRows& g, int64_t rows, int64_t tensors_per_element, int6
   const int64_t rows_per_tile = std::max<int64_t>(block / g.n, 1);
   const int64_t col_tiles = cpu::ceil_div(g.n, cols);
   const int64_t tasks = cpu::ceil_div(rows, rows_per_tile) * col_tiles;
-  cpu::parallel_tasks(tasks, [&](int64_t task) {
+  auto run = [&](int64_t task) {
     const int64_t r0 = (task / col_tiles) * rows_per_tile, c0 = (task % col_tiles) * cols;
     tile(g, r0, std::min(rows, r0 + rows_per_tile), c0, std::min(g.n, c0 + cols));
     if (g.stream) fence_streams();
-  });
+  };
+  // A call whose whole working set fits one core's L2 (a decode token) runs on the calling
+  // thread: waking the other threads costs more than they save, and far more on a busy machine.
+  cpu::TileSpec l2 = spec;
+  l2.level = cpu::CacheLevel::l2;
+  if (rows * g.n <= cpu::capacity_block(l2)) {
+    for (int64_t task = 0; task < tasks; ++task) run(task);
+    return;
+  }
+  cpu::parallel_tasks(tasks, run);
 }
 
 // x [..., 2d]: gates in the first half (or the second: mul_and_silu), or interleaved pairs.
