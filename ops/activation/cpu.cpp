@@ -1,29 +1,37 @@
-// CPU kernels of the activation family: silu_and_mul_cpu, silu_and_mul_backward_cpu.
+// CPU kernels of the activation family: <op>_cpu and <op>_backward_cpu for every op of
+// activation.h, from two templates (gated, pointwise) over the functors of functors-inl.h.
 //
-// Assumes: Note [row layout] (ops/norm/norm.h) on x, y, dy, dx; f32 / bf16 / f16 (f64 goes to the
-// reference kernel, the predicates say so); the op's check has run (y and dx overlap no input).
+// Assumes: Note [row layout] (ops/norm/norm.h) on every tensor; f32 / bf16 / f16 (f64 goes to
+// the reference kernel, the predicates say so); the op's check has run (outputs overlap no input,
+// except a pointwise output that is exactly its input or upstream gradient).
 //
-// Why it is fast:
-// - One Highway source, runtime dispatch (4 f32 lanes on SSE4/NEON, 8 on AVX2, 16 on AVX-512);
-//   a and b are read once, y (or dx) written once, all in registers as f32, rounded once on the
-//   store (Note [vector rounding] in backends/cpu/simd-inl.h).
-// - sigmoid(a) costs one vector exp, of -|a| so that it never overflows: s = 1 / (1 + e) for
-//   a >= 0 and e / (1 + e) otherwise, e = exp(-|a|); the reciprocal is a hardware estimate and a
-//   Newton step, not a divide (the divide unit was the bottleneck: silu is compute-bound per core).
-// - OpenMP over tiles of a row block x column block; the tile holds capacity_block elements
-//   (Note [tiling], L1: a tile's a, b and y slices fill half of a core's L1), so a single decode
-//   token (1 x 14336) still spreads over the cores and large batches get thousands of tiles.
-//
-// Measured (16-vCPU Xeon VM, AVX-512 target, 16 threads): 1024 x 28672 f32 1.03 ms = 172 GB/s;
-// bf16 1.19 ms = 74 GB/s, compute-bound (exp, reciprocal and the bf16 rounding: ~27 cycles per
-// 16 lanes on one core).
+// Why it is fast (one Highway source, runtime dispatch to AVX-512/AVX2/SSE4/NEON):
+// - Each element is loaded once, its activation computed in f32 registers and the result rounded
+//   once on the store. The math is a few FMAs per element (Note [activation math]): one polynomial
+//   exponential and one reciprocal, no tanh or erf call. On a small AVX2 core these kernels are
+//   compute-bound, so every instruction counts: Highway's general Exp, a two-step Newton
+//   reciprocal, compare-and-blend selects and a per-vector widen / round / pack / permute for
+//   bf16 cost ~60 instructions per 8 silu_and_mul outputs; this file needs about half.
+//   Measured fractions of the copy ceiling: docs/perf/cpu-activation.md.
+// - Note [block order]: bf16 is widened and narrowed two vectors at a time with one unpack / one
+//   pack instruction per vector on AVX2.
+// - f16 loads and stores use the F16C conversion instructions where the target has them (AVX2 and
+//   up; they round to nearest even exactly as Note [rounding]); the bit-twiddled conversion of
+//   backends/cpu/simd-inl.h (~15 instructions a vector each way) serves the other targets.
+// - Note [streaming stores]: when the outputs of a call exceed the last-level cache, they are
+//   written with non-temporal stores. A normal store first reads the line it writes (read for
+//   ownership), so a bf16 gated kernel moved 8 bytes per output for the 6 its cost counts and
+//   could reach at most 75% of a copy (which streams). Small calls (decode) keep normal stores,
+//   so their output stays in cache for the next op.
+// - OpenMP over tiles of a row block x column block, each about capacity_block elements (Note
+//   [tiling], L1), so one decode token (1 x 14336) still spreads over the cores.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/activation/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "backends/cpu/simd-inl.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "ops/activation/functors-inl.h"
 #include "ops/activation/internal.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -31,123 +39,525 @@ namespace opforge::activation_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;  // NOLINT: the SIMD vocabulary
 
-// sigmoid(a) = 1 / (1 + exp(-a)), from e = exp(-|a|) in [0, 1]: 1 + e is in [1, 2], where the
-// Newton-refined reciprocal is exact to an ulp or two and cheaper than a divide.
-HWY_INLINE VF sigmoid(VF a) {
-  const DF d;
-  const VF e = hn::Exp(d, hn::Neg(hn::Abs(a)));
-  const VF r = reciprocal(hn::Add(hn::Set(d, 1.0f), e));
-  return hn::IfThenElse(hn::Lt(a, hn::Zero(d)), hn::Mul(e, r), r);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define OPFORGE_ACTIVATION_F16C 1
+using DH = hn::Rebind<hwy::float16_t, DF>;
+#else
+#define OPFORGE_ACTIVATION_F16C 0
+#endif
+
+// ---- one vector of T <-> f32 --------------------------------------------------------------------
+template <class T> HWY_INLINE VF load_vec(const T* p) {
+#if OPFORGE_ACTIVATION_F16C
+  if constexpr (std::is_same_v<T, f16_t>)
+    return hn::PromoteTo(DF(), hn::LoadU(DH(), reinterpret_cast<const hwy::float16_t*>(p)));
+#endif
+  return load(p);
 }
 
-template <class T>
-void forward_tile(const GatedRows& g, int64_t row_begin, int64_t row_end, int64_t col_begin,
-                  int64_t col_end) {
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const T* a = static_cast<const T*>(g.x) + row * g.x_stride + col_begin;
-    const T* b = a + g.d;
-    T* y = static_cast<T*>(g.out) + row * g.out_stride + col_begin;
-    for_each_vector(col_end - col_begin, [&](int64_t i, size_t count) {
-      const VF va = load_n(a + i, count);
-      store_n(hn::Mul(hn::Mul(va, sigmoid(va)), load_n(b + i, count)), y + i, count);
+template <class T> HWY_INLINE VF load_part(const T* p, size_t count) {
+  if (HWY_LIKELY(count == hn::Lanes(DF()))) return load_vec(p);
+  alignas(64) T buffer[kMaxLanes];
+  std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
+  std::memcpy(static_cast<void*>(buffer), p, count * sizeof(T));
+  return load_vec(buffer);
+}
+
+// The bf16 / f16 bits of v in 16-bit lanes, rounded by Note [vector rounding].
+template <class T> HWY_INLINE hn::Vec<D16> narrow_bits(VF v) {
+#if OPFORGE_ACTIVATION_F16C
+  if constexpr (std::is_same_v<T, f16_t>) return hn::BitCast(D16(), hn::DemoteTo(DH(), v));
+#endif
+  if constexpr (std::is_same_v<T, f16_t>) return hn::DemoteTo(D16(), hn::BitCast(DI(), f16_bits(v)));
+  return hn::DemoteTo(D16(), hn::BitCast(DI(), bf16_bits(v)));
+}
+
+// Bytes of one stored vector of T: a streamed store needs its address aligned to them.
+template <class T> HWY_INLINE size_t vector_bytes() { return hn::Lanes(DF()) * sizeof(T); }
+template <class T> HWY_INLINE bool stream_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % vector_bytes<T>() == 0;
+}
+
+// `stream`: Note [streaming stores]; p is then aligned (stream_aligned).
+template <class T> HWY_INLINE void store_vec(VF v, T* p, bool stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (stream) return hn::Stream(v, DF(), p);
+    return hn::StoreU(v, DF(), p);
+  } else {
+    const auto bits = narrow_bits<T>(v);
+    if (stream) return hn::Stream(bits, D16(), &p->bits);
+    hn::StoreU(bits, D16(), &p->bits);
+  }
+}
+
+template <class T> HWY_INLINE void store_part(VF v, T* p, size_t count, bool stream) {
+  if (HWY_LIKELY(count == hn::Lanes(DF()))) return store_vec(v, p, stream);
+  alignas(64) T buffer[kMaxLanes];
+  store_vec(v, buffer, false);
+  std::memcpy(static_cast<void*>(p), buffer, count * sizeof(T));
+}
+
+// ---- interleaved (gate, up) pairs: swigluoai_and_mul --------------------------------------------
+// 16-bit lanes held in the low half of u32 lanes <-> f32.
+template <class T> HWY_INLINE VF widen_bits(VU bits) {
+  if constexpr (std::is_same_v<T, bf16_t>) return bf16_bits_to_f32(bits);
+#if OPFORGE_ACTIVATION_F16C
+  return hn::PromoteTo(DF(), hn::BitCast(DH(), hn::DemoteTo(D16(), hn::BitCast(DI(), bits))));
+#else
+  return f16_bits_to_f32(bits);
+#endif
+}
+template <class T> HWY_INLINE VU bits_u32(VF v) { return hn::PromoteTo(DU(), narrow_bits<T>(v)); }
+
+// count <= Lanes pairs at p: gates into a, up values into b.
+template <class T> HWY_INLINE void load_pairs(const T* p, size_t count, VF& a, VF& b) {
+  const size_t lanes = hn::Lanes(DF());
+  alignas(64) T buffer[2 * kMaxLanes];
+  if (HWY_UNLIKELY(count != lanes)) {
+    std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
+    std::memcpy(static_cast<void*>(buffer), p, 2 * count * sizeof(T));
+    p = buffer;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    hn::LoadInterleaved2(DF(), p, a, b);
+  } else {
+    // One u32 lane per pair: gate bits low, up bits high (little-endian).
+    const VU w = hn::LoadU(DU(), reinterpret_cast<const uint32_t*>(p));
+    a = widen_bits<T>(hn::And(w, hn::Set(DU(), 0xffffu)));
+    b = widen_bits<T>(hn::ShiftRight<16>(w));
+  }
+}
+
+template <class T> HWY_INLINE void store_pairs(VF a, VF b, T* p, size_t count, bool stream) {
+  const size_t lanes = hn::Lanes(DF());
+  alignas(64) T buffer[2 * kMaxLanes];
+  T* to = count == lanes ? p : buffer;
+  if constexpr (std::is_same_v<T, float>) {
+    hn::StoreInterleaved2(a, b, DF(), to);  // never streamed (Note [streaming stores])
+  } else {
+    const VU w = hn::Or(bits_u32<T>(a), hn::ShiftLeft<16>(bits_u32<T>(b)));
+    uint32_t* to32 = reinterpret_cast<uint32_t*>(to);
+    if (stream && count == lanes) hn::Stream(w, DU(), to32);
+    else hn::StoreU(w, DU(), to32);
+  }
+  if (count != lanes) std::memcpy(static_cast<void*>(p), buffer, 2 * count * sizeof(T));
+}
+
+// ---- blocks of two vectors ------------------------------------------------------------------------
+// Note [block order]: the halves and pointwise kernels work on blocks of 2 * Lanes elements held in
+// two f32 vectors lo, hi. On AVX2, a bf16 block is widened by interleaving with zeros per 128-bit
+// half (lo = elements 0-3 and 8-11, hi = 4-7 and 12-15) and narrowed by the matching pack, one
+// instruction per vector each way instead of a widening load, a pack and a lane permute per
+// vector; store_block undoes exactly the order load_block made, so elementwise code never sees
+// it. Elsewhere lo and hi are the two halves in order.
+struct Block {
+  VF lo, hi;
+};
+
+#if HWY_TARGET == HWY_AVX2
+// bf16 bits of v, rounded to nearest even, in the high 16 bits of each u32 lane shifted down.
+// No NaN case (Note [vector rounding] needs one): every NaN of these kernels comes from a bf16
+// input or from an invalid operation (x86's default NaN), so its low 16 bits are zero and the
+// rounding increment (at most 0x8000) cannot carry into the kept bits.
+HWY_INLINE __m256i bf16_round_bits(VF v) {
+  const DU du;
+  const VU u = hn::BitCast(du, v);
+  const VU odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  return hn::ShiftRight<16>(hn::Add(u, hn::Add(odd, hn::Set(du, 0x7fffu)))).raw;
+}
+#endif
+
+template <class T> HWY_INLINE Block load_block_full(const T* p) {
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i zero = _mm256_setzero_si256();
+    return {VF{_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v))},
+            VF{_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v))}};
+  }
+#endif
+  return {load_vec(p), load_vec(p + hn::Lanes(DF()))};
+}
+
+// `stream`: Note [streaming stores]; p is then aligned to block_bytes<T>().
+template <class T> HWY_INLINE void store_block_full(const Block& b, T* p, bool stream) {
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const __m256i packed = _mm256_packus_epi32(bf16_round_bits(b.lo), bf16_round_bits(b.hi));
+    __m256i* to = reinterpret_cast<__m256i*>(p);
+    if (stream) return _mm256_stream_si256(to, packed);
+    return _mm256_storeu_si256(to, packed);
+  }
+#endif
+  store_vec(b.lo, p, stream);
+  store_vec(b.hi, p + hn::Lanes(DF()), stream);
+}
+
+template <class T> HWY_INLINE size_t block_bytes() { return 2 * vector_bytes<T>(); }
+template <class T> HWY_INLINE bool block_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % block_bytes<T>() == 0;
+}
+
+// count <= 2 * Lanes elements; a short block goes through a zeroed buffer.
+template <class T> HWY_INLINE Block load_block(const T* p, size_t count) {
+  if (HWY_LIKELY(count == 2 * hn::Lanes(DF()))) return load_block_full(p);
+  alignas(64) T buffer[2 * kMaxLanes];
+  std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
+  std::memcpy(static_cast<void*>(buffer), p, count * sizeof(T));
+  return load_block_full(buffer);
+}
+
+template <class T> HWY_INLINE void store_block(const Block& b, T* p, size_t count, bool stream) {
+  if (HWY_LIKELY(count == 2 * hn::Lanes(DF()))) return store_block_full(b, p, stream);
+  alignas(64) T buffer[2 * kMaxLanes];
+  store_block_full(b, buffer, false);
+  std::memcpy(static_cast<void*>(p), buffer, count * sizeof(T));
+}
+
+// body(i, count) for i = 0, 2N, 4N, ... < n with count = min(2N, n - i), N = Lanes.
+template <class Body> HWY_INLINE void for_each_block(int64_t n, Body&& body) {
+  const int64_t step = 2 * int64_t(hn::Lanes(DF()));
+  int64_t i = 0;
+  for (; i + step <= n; i += step) body(i, size_t(step));
+  if (i < n) body(i, size_t(n - i));
+}
+
+// ---- the two templates ---------------------------------------------------------------------------
+template <class Fn> constexpr bool kInterleaved = std::is_same_v<Fn, SwigluOai>;
+
+template <class T> HWY_INLINE const T* row_in(const void* base, int64_t stride, int64_t row) {
+  return static_cast<const T*>(base) + row * stride;
+}
+template <class T> HWY_INLINE T* row_out(void* base, int64_t stride, int64_t row) {
+  return static_cast<T*>(base) + row * stride;
+}
+
+template <class Fn, class T>
+void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+                        int64_t c1) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const T* x = row_in<T>(g.x, g.x_stride, row);
+    T* y = row_out<T>(g.out, g.out_stride, row) + c0;
+    if constexpr (kInterleaved<Fn>) {
+      const bool stream = g.stream && stream_aligned(y);
+      for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
+        VF a, b;
+        load_pairs(x + 2 * (c0 + i), count, a, b);
+        store_part(hn::Mul(fn.value(a), fn.up(b)), y + i, count, stream);
+      });
+    } else {
+      const T* gate = x + g.gate_offset + c0;
+      const T* up = x + g.up_offset + c0;
+      const bool stream = g.stream && block_aligned(y);
+      for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+        const Block a = load_block(gate + i, count), b = load_block(up + i, count);
+        store_block(Block{hn::Mul(fn.value(a.lo), b.lo), hn::Mul(fn.value(a.hi), b.hi)}, y + i,
+                    count, stream);
+      });
+    }
+  }
+}
+
+// d gate = dy * up(b) * act'(a), d up = dy * act(a) * up'(b), stored where x holds gate and up.
+template <class Fn, class T>
+HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& grad_b) {
+  VF v, slope;
+  fn.value_slope(a, v, slope);
+  if constexpr (Fn::kIdentityUp) {
+    grad_a = hn::Mul(hn::Mul(gy, b), slope);
+    grad_b = hn::Mul(gy, v);
+  } else {
+    grad_a = hn::Mul(hn::Mul(gy, fn.up(b)), slope);
+    grad_b = hn::Mul(hn::Mul(gy, v), fn.up_slope(b));
+  }
+}
+
+template <class Fn, class T>
+void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+                         int64_t c1) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const T* x = row_in<T>(g.x, g.x_stride, row);
+    const T* dy = row_in<T>(g.dy, g.dy_stride, row) + c0;
+    T* dx = row_out<T>(g.out, g.out_stride, row);
+    if constexpr (kInterleaved<Fn>) {
+      // store_pairs streams one u32 vector: 2 * Lanes elements of T, block_bytes<T>().
+      const bool stream = g.stream && block_aligned(dx + 2 * c0);
+      for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
+        VF a, b, grad_a, grad_b;
+        load_pairs(x + 2 * (c0 + i), count, a, b);
+        gated_grads<Fn, T>(fn, a, b, load_part(dy + i, count), grad_a, grad_b);
+        store_pairs(grad_a, grad_b, dx + 2 * (c0 + i), count, stream);
+      });
+    } else {
+      const T* gate = x + g.gate_offset + c0;
+      const T* up = x + g.up_offset + c0;
+      T* da = dx + g.gate_offset + c0;
+      T* db = dx + g.up_offset + c0;
+      const bool stream = g.stream && block_aligned(da) && block_aligned(db);
+      for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+        const Block a = load_block(gate + i, count), b = load_block(up + i, count);
+        const Block gy = load_block(dy + i, count);
+        Block grad_a, grad_b;
+        gated_grads<Fn, T>(fn, a.lo, b.lo, gy.lo, grad_a.lo, grad_b.lo);
+        gated_grads<Fn, T>(fn, a.hi, b.hi, gy.hi, grad_a.hi, grad_b.hi);
+        store_block(grad_a, da + i, count, stream);
+        store_block(grad_b, db + i, count, stream);
+      });
+    }
+  }
+}
+
+// y may be x itself: each block is loaded before it is stored.
+template <class Fn, class T>
+void pointwise_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+                            int64_t c1) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
+    T* y = row_out<T>(g.out, g.out_stride, row) + c0;
+    const bool stream = g.stream && block_aligned(y);
+    for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+      const Block v = load_block(x + i, count);
+      store_block(Block{fn.value(v.lo), fn.value(v.hi)}, y + i, count, stream);
     });
   }
 }
 
-template <class T>
-void backward_tile(const GatedRows& g, int64_t row_begin, int64_t row_end, int64_t col_begin,
-                   int64_t col_end) {
-  const DF d;
-  const VF one = hn::Set(d, 1.0f);
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const T* a = static_cast<const T*>(g.x) + row * g.x_stride + col_begin;
-    const T* b = a + g.d;
-    const T* dy = static_cast<const T*>(g.dy) + row * g.dy_stride + col_begin;
-    T* da = static_cast<T*>(g.out) + row * g.out_stride + col_begin;
-    T* db = da + g.d;
-    for_each_vector(col_end - col_begin, [&](int64_t i, size_t count) {
-      const VF va = load_n(a + i, count), vb = load_n(b + i, count), vg = load_n(dy + i, count);
-      const VF s = sigmoid(va);
-      const VF gs = hn::Mul(vg, s);
-      // da = dy * b * s * (1 + a * (1 - s)), db = dy * a * s
-      const VF slope = hn::MulAdd(va, hn::Sub(one, s), one);
-      store_n(hn::Mul(hn::Mul(gs, vb), slope), da + i, count);
-      store_n(hn::Mul(gs, va), db + i, count);
+// dx = dy * f'(x); dx may be dy itself.
+template <class Fn, class T>
+void pointwise_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+                             int64_t c1) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
+    const T* dy = row_in<T>(g.dy, g.dy_stride, row) + c0;
+    T* dx = row_out<T>(g.out, g.out_stride, row) + c0;
+    const bool stream = g.stream && block_aligned(dx);
+    for_each_block(c1 - c0, [&](int64_t i, size_t count) {
+      const Block v = load_block(x + i, count), gy = load_block(dy + i, count);
+      Block value, slope;
+      fn.value_slope(v.lo, value.lo, slope.lo);
+      fn.value_slope(v.hi, value.hi, slope.hi);
+      store_block(Block{hn::Mul(gy.lo, slope.lo), hn::Mul(gy.hi, slope.hi)}, dx + i, count, stream);
     });
   }
 }
 
-void silu_and_mul_tile(const GatedRows& g, int64_t row_begin, int64_t row_end, int64_t col_begin,
-                       int64_t col_end) {
+// ---- dispatch on the functor and the dtype --------------------------------------------------------
+template <bool kBackward, bool kGated, class Fn>
+void by_dtype(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (kGated && kBackward) gated_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+    else if constexpr (kGated) gated_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+    else if constexpr (kBackward) pointwise_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+    else pointwise_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+  };
   switch (g.dtype) {
-    case DType::bf16: return forward_tile<bf16_t>(g, row_begin, row_end, col_begin, col_end);
-    case DType::f16: return forward_tile<f16_t>(g, row_begin, row_end, col_begin, col_end);
-    default: return forward_tile<float>(g, row_begin, row_end, col_begin, col_end);
+    case DType::bf16: return run(bf16_t{});
+    case DType::f16: return run(f16_t{});
+    default: return run(float{});
   }
 }
 
-void silu_and_mul_backward_tile(const GatedRows& g, int64_t row_begin, int64_t row_end,
-                                int64_t col_begin, int64_t col_end) {
-  switch (g.dtype) {
-    case DType::bf16: return backward_tile<bf16_t>(g, row_begin, row_end, col_begin, col_end);
-    case DType::f16: return backward_tile<f16_t>(g, row_begin, row_end, col_begin, col_end);
-    default: return backward_tile<float>(g, row_begin, row_end, col_begin, col_end);
+// The gated ops use scaled_silu, gelu_tanh, gelu_erf, fatrelu, swiglu_oai; the pointwise ones
+// scaled_silu, gelu_tanh, relu2, xielu (only those pairs are compiled).
+template <bool kBackward, bool kGated>
+void activation_tile(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const ActParams& p = g.params;
+  switch (g.act) {
+    case ActKind::scaled_silu:
+      return by_dtype<kBackward, kGated>(ScaledSilu{{}, p.alpha}, g, r0, r1, c0, c1);
+    case ActKind::gelu_tanh:
+      return by_dtype<kBackward, kGated>(GeluTanh{{}, p.c}, g, r0, r1, c0, c1);
+    default: break;
+  }
+  if constexpr (kGated) {
+    switch (g.act) {
+      case ActKind::gelu_erf: return by_dtype<kBackward, true>(GeluErf{}, g, r0, r1, c0, c1);
+      case ActKind::fatrelu:
+        return by_dtype<kBackward, true>(FatRelu{{}, p.threshold}, g, r0, r1, c0, c1);
+      case ActKind::swiglu_oai:
+        return by_dtype<kBackward, true>(SwigluOai{p.alpha, p.limit}, g, r0, r1, c0, c1);
+      default: return;
+    }
+  } else {
+    switch (g.act) {
+      case ActKind::relu2: return by_dtype<kBackward, false>(Relu2{}, g, r0, r1, c0, c1);
+      case ActKind::xielu:
+        return by_dtype<kBackward, false>(Xielu{{}, p.alpha_p, p.alpha_n, p.beta, p.eps}, g, r0,
+                                          r1, c0, c1);
+      default: return;
+    }
   }
 }
 
+void gated_forward(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  activation_tile<false, true>(g, r0, r1, c0, c1);
+}
+void gated_backward(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  activation_tile<true, true>(g, r0, r1, c0, c1);
+}
+void pointwise_forward(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  activation_tile<false, false>(g, r0, r1, c0, c1);
+}
+void pointwise_backward(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  activation_tile<true, false>(g, r0, r1, c0, c1);
+}
+
+#undef OPFORGE_ACTIVATION_F16C
 }  // namespace opforge::activation_cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <algorithm>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 
 namespace opforge {
 namespace activation_cpu {
-HWY_EXPORT(silu_and_mul_tile);
-HWY_EXPORT(silu_and_mul_backward_tile);
+HWY_EXPORT(gated_forward);
+HWY_EXPORT(gated_backward);
+HWY_EXPORT(pointwise_forward);
+HWY_EXPORT(pointwise_backward);
 }  // namespace activation_cpu
 
 namespace {
 
-// Tiles of rows x columns of the d gated columns, each about capacity_block elements.
-struct GatedTiles {
-  int64_t rows = 0, d = 0;
-  int64_t rows_per_tile = 1, cols_per_tile = 1;
+using TileFn = void(const ActRows&, int64_t, int64_t, int64_t, int64_t);
 
-  int64_t col_tiles() const { return d > 0 ? cpu::ceil_div(d, cols_per_tile) : 0; }
-  int64_t count() const {
-    return rows > 0 ? cpu::ceil_div(rows, rows_per_tile) * col_tiles() : 0;
-  }
-};
+// Note [streaming stores]: stream when the outputs are larger than the last-level cache.
+bool streams(const TV& out) {
+  return double(bytes_of(out)) > double(cpu::cpu_info().cache(cpu::CacheLevel::l3).bytes);
+}
 
-// `tensors_per_element`: the element-sized slices one gated column touches (a, b, y: 3; the
-// backward's a, b, dy, da, db: 5).
-GatedTiles make_tiles(const TensorView& x, int64_t tensors_per_element) {
+// Streamed stores are weakly ordered: fence them before the task ends.
+void fence_streams() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_sfence();
+#endif
+}
+
+// Tiles of rows x columns of the n columns, each about capacity_block elements (Note [tiling]).
+// `tensors_per_element`: the element-sized slices one column touches (gated forward: a, b, y).
+void run_tiles(const ActRows& g, int64_t rows, int64_t tensors_per_element, int64_t itemsize,
+               TileFn* tile) {
+  if (rows <= 0 || g.n <= 0) return;
   cpu::TileSpec spec;
-  spec.bytes_per_element = tensors_per_element * x.itemsize();
+  spec.bytes_per_element = tensors_per_element * itemsize;
   spec.level = cpu::CacheLevel::l1d;
   const int64_t block = cpu::capacity_block(spec);
-  GatedTiles t;
-  t.rows = x.rows();
-  t.d = x.size(-1) / 2;
-  t.cols_per_tile = std::max<int64_t>(std::min(block, t.d), 1);
-  t.rows_per_tile = std::max<int64_t>(block / std::max<int64_t>(t.d, 1), 1);
-  return t;
+  const int64_t cols = std::clamp<int64_t>(block, 1, g.n);
+  const int64_t rows_per_tile = std::max<int64_t>(block / g.n, 1);
+  const int64_t col_tiles = cpu::ceil_div(g.n, cols);
+  const int64_t tasks = cpu::ceil_div(rows, rows_per_tile) * col_tiles;
+  auto run = [&](int64_t task) {
+    const int64_t r0 = (task / col_tiles) * rows_per_tile, c0 = (task % col_tiles) * cols;
+    tile(g, r0, std::min(rows, r0 + rows_per_tile), c0, std::min(g.n, c0 + cols));
+    if (g.stream) fence_streams();
+  };
+  // A call whose whole working set fits one core's L2 (a decode token) runs on the calling
+  // thread: waking the other threads costs more than they save, and far more on a busy machine.
+  cpu::TileSpec l2 = spec;
+  l2.level = cpu::CacheLevel::l2;
+  if (rows * g.n <= cpu::capacity_block(l2)) {
+    for (int64_t task = 0; task < tasks; ++task) run(task);
+    return;
+  }
+  cpu::parallel_tasks(tasks, run);
 }
 
-template <class Fn> void run_tiles(const GatedTiles& t, const GatedRows& g, Fn* tile_fn) {
-  const int64_t col_tiles = t.col_tiles();
-  cpu::parallel_tasks(t.count(), [&](int64_t task) {
-    const int64_t row_tile = task / col_tiles, col_tile = task % col_tiles;
-    const int64_t row_begin = row_tile * t.rows_per_tile;
-    const int64_t col_begin = col_tile * t.cols_per_tile;
-    tile_fn(g, row_begin, std::min(t.rows, row_begin + t.rows_per_tile), col_begin,
-            std::min(t.d, col_begin + t.cols_per_tile));
-  });
+// x [..., 2d]: gates in the first half (or the second: mul_and_silu), or interleaved pairs.
+enum class Gate : uint8_t { first_half, second_half, interleaved };
+
+ActRows gated_rows(const TV& x, ActKind act, const ActParams& p, Gate gate = Gate::first_half) {
+  ActRows g;
+  g.dtype = x.dtype;
+  g.act = act;
+  g.params = p;
+  g.n = x.size(-1) / 2;
+  g.interleaved = gate == Gate::interleaved;
+  g.gate_offset = gate == Gate::second_half ? g.n : 0;
+  g.up_offset = gate == Gate::second_half ? 0 : g.n;
+  g.x = x.data;
+  g.x_stride = x.row_stride();
+  return g;
 }
 
-const char* cpu_dtype_reason(const TensorView& x) {
+ActRows pointwise_rows(const TV& x, ActKind act, const ActParams& p) {
+  ActRows g;
+  g.dtype = x.dtype;
+  g.act = act;
+  g.params = p;
+  g.n = x.size(-1);
+  g.x = x.data;
+  g.x_stride = x.row_stride();
+  return g;
+}
+
+void forward(ActRows g, const TV& y, const TV& x, bool gated) {
+  g.out = y.data;
+  g.out_stride = y.row_stride();
+  g.stream = streams(y);
+  if (gated) run_tiles(g, x.rows(), 3, x.itemsize(), HWY_DYNAMIC_DISPATCH(activation_cpu::gated_forward));
+  else run_tiles(g, x.rows(), 2, x.itemsize(), HWY_DYNAMIC_DISPATCH(activation_cpu::pointwise_forward));
+}
+
+void backward(ActRows g, const TV& dx, const TV& dy, const TV& x, bool gated) {
+  g.dy = dy.data;
+  g.dy_stride = dy.row_stride();
+  g.out = dx.data;
+  g.out_stride = dx.row_stride();
+  g.stream = streams(dx);
+  if (gated) run_tiles(g, x.rows(), 5, x.itemsize(), HWY_DYNAMIC_DISPATCH(activation_cpu::gated_backward));
+  else run_tiles(g, x.rows(), 3, x.itemsize(), HWY_DYNAMIC_DISPATCH(activation_cpu::pointwise_backward));
+}
+
+ActParams silu_params(float alpha) {
+  ActParams p;
+  p.alpha = alpha;
+  return p;
+}
+ActParams gelu_tanh_params(float c) {
+  ActParams p;
+  p.c = c;
+  return p;
+}
+ActParams fatrelu_params(double threshold) {
+  ActParams p;
+  p.threshold = float(threshold);
+  return p;
+}
+ActParams oai_params(double alpha, double limit) {
+  ActParams p;
+  p.alpha = float(alpha);
+  p.limit = float(limit);
+  return p;
+}
+ActParams xielu_params(double alpha_p, double alpha_n, double beta, double eps) {
+  ActParams p;
+  p.alpha_p = float(alpha_p);
+  p.alpha_n = float(alpha_n);
+  p.beta = float(beta);
+  p.eps = float(eps);
+  return p;
+}
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluFastC = 0.7978845608f;
+constexpr float kQuickGeluAlpha = 1.702f;
+
+ActRows gelu_rows(const TV& x, std::string_view approximate) {
+  return approximate == "tanh" ? gated_rows(x, ActKind::gelu_tanh, gelu_tanh_params(kSqrt2OverPi))
+                               : gated_rows(x, ActKind::gelu_erf, {});
+}
+
+}  // namespace
+
+const char* activation_cpu_reason(const TV& x) {
   if (!x.device.is_cpu()) return "tensors are not on the cpu";
   switch (x.dtype) {
     case DType::f32: case DType::bf16: case DType::f16: return nullptr;
@@ -156,39 +566,77 @@ const char* cpu_dtype_reason(const TensorView& x) {
   }
 }
 
-}  // namespace
-
-void silu_and_mul_cpu(const Context&, const TensorView& y, const TensorView& x) {
-  GatedRows g;
-  g.dtype = x.dtype;
-  g.d = x.size(-1) / 2;
-  g.x = x.data;
-  g.x_stride = x.row_stride();
-  g.out = y.data;
-  g.out_stride = y.row_stride();
-  run_tiles(make_tiles(x, 3), g, HWY_DYNAMIC_DISPATCH(activation_cpu::silu_and_mul_tile));
+// ---- gated ---------------------------------------------------------------------------------------
+void silu_and_mul_cpu(const Context&, const TV& y, const TV& x) {
+  forward(gated_rows(x, ActKind::scaled_silu, silu_params(1.0f)), y, x, true);
+}
+void silu_and_mul_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x) {
+  backward(gated_rows(x, ActKind::scaled_silu, silu_params(1.0f)), dx, dy, x, true);
+}
+void mul_and_silu_cpu(const Context&, const TV& y, const TV& x) {
+  forward(gated_rows(x, ActKind::scaled_silu, silu_params(1.0f), Gate::second_half), y, x, true);
+}
+void mul_and_silu_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x) {
+  backward(gated_rows(x, ActKind::scaled_silu, silu_params(1.0f), Gate::second_half), dx, dy, x,
+           true);
+}
+void gelu_and_mul_cpu(const Context&, const TV& y, const TV& x, std::string_view approximate) {
+  forward(gelu_rows(x, approximate), y, x, true);
+}
+void gelu_and_mul_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x,
+                               std::string_view approximate) {
+  backward(gelu_rows(x, approximate), dx, dy, x, true);
+}
+void fatrelu_and_mul_cpu(const Context&, const TV& y, const TV& x, double threshold) {
+  forward(gated_rows(x, ActKind::fatrelu, fatrelu_params(threshold)), y, x, true);
+}
+void fatrelu_and_mul_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x,
+                                  double threshold) {
+  backward(gated_rows(x, ActKind::fatrelu, fatrelu_params(threshold)), dx, dy, x, true);
+}
+void swigluoai_and_mul_cpu(const Context&, const TV& y, const TV& x, double alpha, double limit) {
+  forward(gated_rows(x, ActKind::swiglu_oai, oai_params(alpha, limit), Gate::interleaved), y, x,
+          true);
+}
+void swigluoai_and_mul_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x,
+                                    double alpha, double limit) {
+  backward(gated_rows(x, ActKind::swiglu_oai, oai_params(alpha, limit), Gate::interleaved), dx, dy,
+           x, true);
 }
 
-void silu_and_mul_backward_cpu(const Context&, const TensorView& dx, const TensorView& dy,
-                               const TensorView& x) {
-  GatedRows g;
-  g.dtype = x.dtype;
-  g.d = x.size(-1) / 2;
-  g.x = x.data;
-  g.x_stride = x.row_stride();
-  g.dy = dy.data;
-  g.dy_stride = dy.row_stride();
-  g.out = dx.data;
-  g.out_stride = dx.row_stride();
-  run_tiles(make_tiles(x, 5), g, HWY_DYNAMIC_DISPATCH(activation_cpu::silu_and_mul_backward_tile));
+// ---- pointwise -----------------------------------------------------------------------------------
+void gelu_new_cpu(const Context&, const TV& y, const TV& x) {
+  forward(pointwise_rows(x, ActKind::gelu_tanh, gelu_tanh_params(kSqrt2OverPi)), y, x, false);
 }
-
-const char* silu_and_mul_cpu_applicable(const TensorView&, const TensorView& x) {
-  return cpu_dtype_reason(x);
+void gelu_new_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x) {
+  backward(pointwise_rows(x, ActKind::gelu_tanh, gelu_tanh_params(kSqrt2OverPi)), dx, dy, x, false);
 }
-const char* silu_and_mul_backward_cpu_applicable(const TensorView&, const TensorView&,
-                                                 const TensorView& x) {
-  return cpu_dtype_reason(x);
+void gelu_fast_cpu(const Context&, const TV& y, const TV& x) {
+  forward(pointwise_rows(x, ActKind::gelu_tanh, gelu_tanh_params(kGeluFastC)), y, x, false);
+}
+void gelu_fast_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x) {
+  backward(pointwise_rows(x, ActKind::gelu_tanh, gelu_tanh_params(kGeluFastC)), dx, dy, x, false);
+}
+void quick_gelu_cpu(const Context&, const TV& y, const TV& x) {
+  forward(pointwise_rows(x, ActKind::scaled_silu, silu_params(kQuickGeluAlpha)), y, x, false);
+}
+void quick_gelu_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x) {
+  backward(pointwise_rows(x, ActKind::scaled_silu, silu_params(kQuickGeluAlpha)), dx, dy, x, false);
+}
+void relu2_cpu(const Context&, const TV& y, const TV& x) {
+  forward(pointwise_rows(x, ActKind::relu2, {}), y, x, false);
+}
+void relu2_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x) {
+  backward(pointwise_rows(x, ActKind::relu2, {}), dx, dy, x, false);
+}
+void xielu_cpu(const Context&, const TV& y, const TV& x, double alpha_p, double alpha_n,
+               double beta, double eps) {
+  forward(pointwise_rows(x, ActKind::xielu, xielu_params(alpha_p, alpha_n, beta, eps)), y, x, false);
+}
+void xielu_backward_cpu(const Context&, const TV& dx, const TV& dy, const TV& x, double alpha_p,
+                        double alpha_n, double beta, double eps) {
+  backward(pointwise_rows(x, ActKind::xielu, xielu_params(alpha_p, alpha_n, beta, eps)), dx, dy, x,
+           false);
 }
 
 }  // namespace opforge
