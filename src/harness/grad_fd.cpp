@@ -6,6 +6,8 @@
 // upstream gradient of forward output <name>; any other argument takes the forward argument (or
 // forward output) of the same name. The checked quantity is L = sum over forward outputs o of
 // sum(do * o) with fixed random do, so dL/dinput must equal what the backward op returns.
+// A gradient output whose forward input is an optional one the case leaves out (db of a forward
+// without bias) is still allocated, from the backward's shape function, and is not checked.
 #include <cmath>
 #include <map>
 
@@ -57,10 +59,14 @@ Result check_case(const Registry& reg, const Options& opt, const OpEntry& fwd, c
   std::vector<Value> bvals(bwd.args.size());
   std::map<std::string, std::vector<double>> upstream;
   std::map<std::string, size_t> grad_out;  // forward input name -> backward arg index
+  std::vector<size_t> absent;  // backward outputs whose forward input is none in this case
   for (size_t i = 0; i < bwd.args.size(); ++i) {
     const ArgInfo& a = bwd.args[i];
     std::string base_name = a.name.size() > 1 && a.name[0] == 'd' ? a.name.substr(1) : "";
-    if (a.role == ArgRole::out && !base_name.empty()) {
+    if (a.role == ArgRole::out && !base_name.empty() &&
+        std::holds_alternative<None>(base.args.values[fwd.arg_index(base_name)])) {
+      absent.push_back(i);  // gradient of an optional input the case leaves out: not checked
+    } else if (a.role == ArgRole::out && !base_name.empty()) {
       const TensorView& x = std::get<TensorView>(base.args.values[fwd.arg_index(base_name)]);
       keep.push_back(Tensor::zeros(x.shape_of(), DType::f64));
       bvals[i] = keep.back().view();
@@ -77,6 +83,17 @@ Result check_case(const Registry& reg, const Options& opt, const OpEntry& fwd, c
     } else {
       bvals[i] = base.args.values[fwd.arg_index(a.name)];
     }
+  }
+  // The backward still writes those gradients (e.g. db of a forward called without a bias):
+  // allocate them from its shape function.
+  if (!absent.empty()) {
+    const std::vector<OutputSpec> specs = output_specs(bwd, bvals);
+    for (size_t i : absent)
+      for (const OutputSpec& s : specs)
+        if (s.name == bwd.args[i].name) {
+          keep.push_back(Tensor::zeros(s.shape, DType::f64));
+          bvals[i] = keep.back().view();
+        }
   }
   reg.call(only(bwd, *bwd.reference(), Device::cpu()), bvals);
 

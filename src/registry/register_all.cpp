@@ -2,6 +2,7 @@
 // linked in because this function names it.
 #include "opforge/registry.h"
 #include "ops/activation/activation.h"
+#include "ops/layernorm/layernorm.h"
 #include "ops/norm/norm.h"
 
 #ifdef OPFORGE_WITH_CUDA
@@ -15,6 +16,7 @@ void register_cuda_placeholders(Registry& reg);  // src/backends/without_cuda.cp
 void register_all(Registry& reg) {
   register_norm(reg);
   register_activation(reg);
+  register_layernorm(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);
