@@ -27,7 +27,8 @@ struct LayerNorm {
       "dtype. Statistics and the affine step in f32 (f64 for f64), one rounding per output, as "
       "torch's F.layer_norm and Liger's kernel. Differs from Liger: no per-row mean / rstd is "
       "stored (Liger stores them in the input dtype); the backward recomputes them in f32. "
-      "y may alias x exactly (in place).";
+      "Default eps 1e-5 as torch.nn.LayerNorm (Liger's module uses 1e-6). y may alias x exactly "
+      "(in place).";
   static void check(const TensorView& y, const TensorView& x, const TensorView& w,
                     const TensorView& b, double eps);
 };
