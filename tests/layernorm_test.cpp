@@ -334,6 +334,32 @@ TEST(LayernormCpu, LayerNormMatchesReference) {
       }
 }
 
+// An outlier as the first element of every row (the kernels shift by it, Note [centred sums]):
+// f32 statistics stay as accurate as for any other row.
+TEST(LayernormCpu, OutlierFirstElementKeepsF32Accuracy) {
+  const Shape shape{8, 4096};
+  Buf x = random(shape, DType::f32, 61), w = random({4096}, DType::f32, 62, 0, true);
+  Buf dy = random(shape, DType::f32, 63);
+  for (int64_t row = 0; row < 8; ++row) set(x.view, row, 0, row % 2 ? -30.0 : 30.0);
+  Buf y = make(shape, DType::f32), y_ref = make(shape, DType::f32);
+  layer_norm_cpu(kCtx, y, x, w, TensorView{}, 1e-5);
+  layer_norm_reference(kCtx, y_ref, x, w, TensorView{}, 1e-5);
+  expect_close(y, y_ref, 1e-5, 0.0, "y");
+  Buf dx = make(shape, DType::f32), dw = make({4096}, DType::f32), db = make({4096}, DType::f32);
+  Buf dx_ref = make(shape, DType::f32), dw_ref = make({4096}, DType::f32), db_ref = make({4096}, DType::f32);
+  layer_norm_backward_cpu(kCtx, dx, dw, db, dy, x, w, 1e-5);
+  layer_norm_backward_reference(kCtx, dx_ref, dw_ref, db_ref, dy, x, w, 1e-5);
+  expect_close(dx, dx_ref, 1e-5, 0.0, "dx");
+  expect_close(dw, dw_ref, 1e-5, 0.0, "dw");
+  const Shape gshape{2, 8, 512};  // group_norm: the first element of each group an outlier
+  Buf xg = random(gshape, DType::f32, 64), wg = random({8}, DType::f32, 65, 0, true);
+  Buf bg = random({8}, DType::f32, 66), yg = make(gshape, DType::f32), yg_ref = make(gshape, DType::f32);
+  for (int64_t group = 0; group < 4; ++group) store_from_double(xg.view.data, DType::f32, group * 2048, 30.0);
+  group_norm_cpu(kCtx, yg, xg, wg, bg, 2, 1e-5);
+  group_norm_reference(kCtx, yg_ref, xg, wg, bg, 2, 1e-5);
+  expect_close(yg, yg_ref, 1e-5, 0.0, "y");
+}
+
 TEST(LayernormCpu, GroupNormMatchesReference) {
   struct G { Shape shape; int64_t groups; };
   const std::vector<G> shapes = {{{0, 8, 4}, 2}, {{1, 1}, 1}, {{2, 6, 0}, 3}, {{2, 32, 9}, 32},

@@ -3,7 +3,7 @@
 // layer_norm and dyt (row ops): small, medium (16 x 4096), large model shapes (hidden 4096,
 // tokens 1 / 16 / 1024 / 16384), and edge cases: no rows, one element, sizes that are not a
 // multiple of any vector width, a 3-d input, padded rows on inputs and outputs, rows whose mean
-// is far from 0 (the shifted sums, Note [shifted sums] in cpu.cpp), the optional bias left out,
+// is far from 0 (Note [centred sums] in cpu.cpp), the optional bias left out,
 // and for the forward ops the in-place form (y over x).
 // group_norm ([N, C, *], contiguous): small, medium, large (C = 512, 32 groups, 1024 / 4096
 // positions), edge cases (no batch, one element, no positions, one channel per group, odd sizes,

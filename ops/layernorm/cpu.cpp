@@ -9,16 +9,13 @@
 // - One Highway source, runtime dispatch (4 / 8 / 16 f32 lanes on SSE4 / AVX2 / AVX-512);
 //   bf16 / f16 are widened to f32 in registers and rounded once on the store (Note [vector
 //   rounding]). w and b are widened to f32 once per task, not once per row.
-// - Note [shifted sums]: the statistics come from one read of the row (or group): with
-//   K = its first element and d = x - K, mean = K + sum(d) / n and
-//   var = sum(d^2) / n - (sum(d) / n)^2. Shifting by an element of the row keeps the subtraction
-//   well conditioned (it is the textbook shifted-data variance), so no separate centring pass is
-//   needed. The second pass (normalise; in the backward dx and the dw / db terms) re-reads the
-//   row from L1 / L2: rows per task come from capacity_block (Note [tiling]) so a task's rows
+// - Note [centred sums] (below): the row (or group) is read from memory once, by the pass that
+//   sums x - k (k its first element); the centred variance pass and the normalising pass re-read
+//   it from L1 / L2: rows per task come from capacity_block (Note [tiling]) so a task's rows
 //   fit half of a core's L2. Memory traffic is x + y (forward) or dy + x + dx (backward), the
-//   roofline minimum. A group_norm group larger than half the L2 is read twice from memory.
-// - The backward's four row sums (sum d, sum d^2, sum g, sum g d with g = dy * w) share that one
-//   read; dx = rstd * (g - mean(g) - xhat * mean(g xhat)) needs nothing else.
+//   roofline minimum. A group_norm group larger than half the L2 is read three times.
+// - The backward's row sums (sum g with g = dy * w in the read pass; sum g c in the centred pass)
+//   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory.
 // - OpenMP over tasks (parallel_tasks: one task means no parallel region, so decode rows pay no
 //   fork). Backward dw / db: each chunk of rows (a count from Note [tiling], never per thread)
 //   owns an f32 partial row; the partials are added in chunk order, vectorised over columns.
@@ -48,10 +45,13 @@ template <class T> HWY_INLINE VF shifted(const T* x, int64_t i, size_t count, VF
   return hn::IfThenElseZero(hn::FirstN(DF(), count), d);
 }
 
-// x - mean at lanes [i, i + count) as (x - k) - mean_d: x - k is exact when x and k are close
-// (Sterbenz) and mean_d is small, so no f32 rounding of the large mean enters xhat.
+// x - mean at lanes [0, count) as (x - k) - mean_d: x - k is exact when x and k are close
+// (Sterbenz) and mean_d is then small, so no f32 rounding of a large mean enters xhat. Lanes
+// past count are zero.
 template <class T> HWY_INLINE VF centred(const T* x, size_t count, VF k, VF mean_d) {
-  return hn::Sub(hn::Sub(load_n(x, count), k), mean_d);
+  const VF c = hn::Sub(hn::Sub(load_n(x, count), k), mean_d);
+  if (HWY_LIKELY(count == hn::Lanes(DF()))) return c;
+  return hn::IfThenElseZero(hn::FirstN(DF(), count), c);
 }
 
 // Four sums over n elements at once: term(i, count, a, b, c, d). Four independent accumulator
@@ -66,15 +66,34 @@ template <class Term> HWY_INLINE Sums4 sum_over4(int64_t n, Term&& term) {
   return {sum_lanes(a), sum_lanes(b), sum_lanes(c), sum_lanes(d)};
 }
 
-// Note [shifted sums]: mean and rstd from sum(d), sum(d^2) over n elements, d = x - k.
+// Note [centred sums]: mean = k + mean_d with mean_d = sum(x - k) / n (pass 1, the one read
+// from memory), then the variance from the centred values c = (x - k) - mean_d (pass 2, from
+// cache) as the corrected two-pass formula (sum(c^2) - sum(c)^2 / n) / n, which stays accurate
+// whatever k is (an outlier as the first element included).
 struct Stats {
-  float mean_d = 0;  // mean of d: mean of x minus k
+  float mean_d = 0;  // mean of x minus k
   float rstd = 0;
 };
-HWY_INLINE Stats stats_of(float sum_d, float sum_dd, int64_t n, float eps) {
+HWY_INLINE float rstd_of(float sum_c, float sum_cc, int64_t n, float eps) {
+  const float var = std::max((sum_cc - sum_c * sum_c / float(n)) / float(n), 0.0f);
+  return 1.0f / std::sqrt(var + eps);
+}
+
+// Note [centred sums] over n contiguous elements of x.
+template <class T> HWY_INLINE Stats stats_of(const T* x, int64_t n, VF k, float eps) {
+  const float sum_d = sum_over(n, [&](int64_t i, size_t count, VF& acc) {
+    acc = hn::Add(acc, shifted(x, i, count, k));
+  });
   const float mean_d = sum_d / float(n);
-  const float var = std::max(sum_dd / float(n) - mean_d * mean_d, 0.0f);
-  return {mean_d, 1.0f / std::sqrt(var + eps)};
+  const VF vmean_d = hn::Set(DF(), mean_d);
+  auto [sum_c, sum_cc] = sum_over2(n, [&](int64_t i, size_t count, VF& acc_c, VF& acc_cc) {
+    const VF c = centred(x + i, count, k, vmean_d);
+    acc_c = hn::Add(acc_c, c);
+    acc_cc = hn::MulAdd(c, c, acc_cc);
+  });
+  // sum(c) / n is the rounding error of mean_d (f32 sums of x - k lose digits when k is far
+  // from the mean): adding it back gives the mean to f32 accuracy of the centred values.
+  return {mean_d + sum_c / float(n), rstd_of(sum_c, sum_cc, n, eps)};
 }
 
 // Element 0 of x as f32.
@@ -84,12 +103,7 @@ template <class T> HWY_INLINE float first_of(const T* x) { return float(*x); }
 template <class T>
 void ln_forward_row(const T* x, const float* w, const float* b, T* y, int64_t hidden, float eps) {
   const VF k = hn::Set(DF(), first_of(x));
-  auto [sum_d, sum_dd] = sum_over2(hidden, [&](int64_t i, size_t count, VF& acc_d, VF& acc_dd) {
-    const VF d = shifted(x, i, count, k);
-    acc_d = hn::Add(acc_d, d);
-    acc_dd = hn::MulAdd(d, d, acc_dd);
-  });
-  const Stats s = stats_of(sum_d, sum_dd, hidden, eps);
+  const Stats s = stats_of(x, hidden, k, eps);
   const VF mean_d = hn::Set(DF(), s.mean_d), rstd = hn::Set(DF(), s.rstd);
   for_each_vector(hidden, [&](int64_t i, size_t count) {  // y may alias x: read, then write
     const VF xhat = hn::Mul(centred(x + i, count, k, mean_d), rstd);
@@ -131,23 +145,31 @@ template <class T>
 void ln_backward_row(const T* dy, const T* x, const float* w, T* dx, float* dw_part,
                      float* db_part, int64_t hidden, float eps) {
   const VF k = hn::Set(DF(), first_of(x));
-  const Sums4 sums = sum_over4(hidden, [&](int64_t i, size_t count, VF& sd, VF& sdd, VF& sg, VF& sgd) {
-    const VF d = shifted(x, i, count, k);
-    const VF g = hn::Mul(load_n(dy + i, count), load_n(w + i, count));
-    sd = hn::Add(sd, d);
-    sdd = hn::MulAdd(d, d, sdd);
-    sg = hn::Add(sg, g);
-    sgd = hn::MulAdd(g, d, sgd);
+  // Pass 1 (the read from memory): sum(x - k) and sum(g), g = dy * w.
+  auto [sum_d, sum_g] = sum_over2(hidden, [&](int64_t i, size_t count, VF& sd, VF& sg) {
+    sd = hn::Add(sd, shifted(x, i, count, k));
+    sg = hn::MulAdd(load_n(dy + i, count), load_n(w + i, count), sg);
   });
-  const Stats s = stats_of(sums.a, sums.b, hidden, eps);
+  // Pass 2 (from cache): centred sums, Note [centred sums].
+  const float mean_d_value = sum_d / float(hidden);
+  const VF mean_d = hn::Set(DF(), mean_d_value);
+  const Sums4 sums = sum_over4(hidden, [&](int64_t i, size_t count, VF& sc, VF& scc, VF& sgc, VF&) {
+    const VF c = centred(x + i, count, k, mean_d);
+    sc = hn::Add(sc, c);
+    scc = hn::MulAdd(c, c, scc);
+    sgc = hn::MulAdd(hn::Mul(load_n(dy + i, count), load_n(w + i, count)), c, sgc);
+  });
   const float n = float(hidden);
-  const float mean_g = sums.c / n;
-  const float mean_gx = s.rstd * (sums.d - s.mean_d * sums.c) / n;  // mean(g * xhat)
-  const VF mean_d = hn::Set(DF(), s.mean_d), rstd = hn::Set(DF(), s.rstd);
+  const float correction = sums.a / n;  // the rounding error of mean_d, as in stats_of
+  const Stats s{mean_d_value + correction, rstd_of(sums.a, sums.b, hidden, eps)};
+  const float mean_g = sum_g / n;
+  const float mean_gx = s.rstd * (sums.c - correction * sum_g) / n;  // mean(g * xhat)
+  const VF rstd = hn::Set(DF(), s.rstd);
+  const VF mean_corrected = hn::Set(DF(), s.mean_d);
   const VF vmean_g = hn::Set(DF(), mean_g), vmean_gx = hn::Set(DF(), mean_gx);
   for_each_vector(hidden, [&](int64_t i, size_t count) {
     const VF g_up = load_n(dy + i, count);
-    const VF xhat = hn::Mul(centred(x + i, count, k, mean_d), rstd);
+    const VF xhat = hn::Mul(centred(x + i, count, k, mean_corrected), rstd);
     const VF g = hn::Mul(g_up, load_n(w + i, count));
     const VF inner = hn::NegMulAdd(xhat, vmean_gx, hn::Sub(g, vmean_g));
     store_n(hn::Mul(rstd, inner), dx + i, count);
@@ -213,12 +235,7 @@ template <class T> void gn_forward_group(const GroupNormArgs& a, int64_t group) 
   const T* b = static_cast<const T*>(a.b);
   const int64_t first_channel = (group % a.groups) * per_group;
   const VF k = hn::Set(DF(), first_of(x));
-  auto [sum_d, sum_dd] = sum_over2(len, [&](int64_t i, size_t count, VF& acc_d, VF& acc_dd) {
-    const VF d = shifted(x, i, count, k);
-    acc_d = hn::Add(acc_d, d);
-    acc_dd = hn::MulAdd(d, d, acc_dd);
-  });
-  const Stats s = stats_of(sum_d, sum_dd, len, a.eps);
+  const Stats s = stats_of(x, len, k, a.eps);
   const VF mean_d = hn::Set(DF(), s.mean_d);
   for (int64_t c = 0; c < per_group; ++c) {
     const int64_t channel = first_channel + c;
@@ -250,36 +267,46 @@ void gn_backward_group(const GroupNormArgs& a, int64_t group, float* dw_part, fl
   T* dx = static_cast<T*>(a.dx) + group * len;
   const T* w = static_cast<const T*>(a.w) + first_channel;
   const VF k = hn::Set(DF(), first_of(x));
-  float sum_d = 0, sum_dd = 0, sum_g = 0, sum_gd = 0;
+  // Pass 1 (the read from memory): the group's sum(x - k), and sum(dy) of each channel (db).
+  const float sum_d = sum_over(len, [&](int64_t i, size_t count, VF& acc) {
+    acc = hn::Add(acc, shifted(x, i, count, k));
+  });
+  float sum_g = 0;
+  for (int64_t c = 0; c < per_group; ++c) {
+    db_part[c] = sum_over(a.spatial, [&](int64_t i, size_t count, VF& acc) {
+      acc = hn::Add(acc, load_n(dy + c * a.spatial + i, count));
+    });
+    sum_g += first_of(w + c) * db_part[c];
+  }
+  // Pass 2 (from cache): centred sums, Note [centred sums]; sum(dy * c) of each channel.
+  const float mean_d_value = sum_d / float(len);
+  const VF mean_d = hn::Set(DF(), mean_d_value);
+  float sum_c = 0, sum_cc = 0, sum_gc = 0;
   for (int64_t c = 0; c < per_group; ++c) {
     const int64_t off = c * a.spatial;
-    const Sums4 cs = sum_over4(a.spatial, [&](int64_t i, size_t count, VF& sd, VF& sdd, VF& sy, VF& syd) {
-      const VF d = shifted(x + off, i, count, k);
-      const VF up = load_n(dy + off + i, count);
-      sd = hn::Add(sd, d);
-      sdd = hn::MulAdd(d, d, sdd);
-      sy = hn::Add(sy, up);
-      syd = hn::MulAdd(up, d, syd);
+    const Sums4 cs = sum_over4(a.spatial, [&](int64_t i, size_t count, VF& sc, VF& scc, VF& syc, VF&) {
+      const VF centred_x = centred(x + off + i, count, k, mean_d);
+      sc = hn::Add(sc, centred_x);
+      scc = hn::MulAdd(centred_x, centred_x, scc);
+      syc = hn::MulAdd(load_n(dy + off + i, count), centred_x, syc);
     });
-    const float wc = first_of(w + c);
-    sum_d += cs.a;
-    sum_dd += cs.b;
-    sum_g += wc * cs.c;
-    sum_gd += wc * cs.d;
-    db_part[c] = cs.c;
-    dw_part[c] = cs.d;  // sum dy d for now; dw needs the group's mean and rstd
+    sum_c += cs.a;
+    sum_cc += cs.b;
+    sum_gc += first_of(w + c) * cs.c;
+    dw_part[c] = cs.c;  // sum dy * c for now; dw = rstd * that
   }
-  const Stats s = stats_of(sum_d, sum_dd, len, a.eps);
   const float n = float(len);
-  const VF mean_d = hn::Set(DF(), s.mean_d), rstd = hn::Set(DF(), s.rstd);
+  const float correction = sum_c / n;  // the rounding error of mean_d, as in stats_of
+  const Stats s{mean_d_value + correction, rstd_of(sum_c, sum_cc, len, a.eps)};
+  const VF rstd = hn::Set(DF(), s.rstd), mean_corrected = hn::Set(DF(), s.mean_d);
   const VF mean_g = hn::Set(DF(), sum_g / n);
-  const VF mean_gx = hn::Set(DF(), s.rstd * (sum_gd - s.mean_d * sum_g) / n);
+  const VF mean_gx = hn::Set(DF(), s.rstd * (sum_gc - correction * sum_g) / n);
   for (int64_t c = 0; c < per_group; ++c) {
-    dw_part[c] = s.rstd * (dw_part[c] - s.mean_d * db_part[c]);  // sum dy * xhat
+    dw_part[c] = s.rstd * (dw_part[c] - correction * db_part[c]);  // sum dy * xhat
     const int64_t off = c * a.spatial;
     const VF wc = hn::Set(DF(), first_of(w + c));
     for_each_vector(a.spatial, [&](int64_t i, size_t count) {
-      const VF xhat = hn::Mul(centred(x + off + i, count, k, mean_d), rstd);
+      const VF xhat = hn::Mul(centred(x + off + i, count, k, mean_corrected), rstd);
       const VF g = hn::Mul(load_n(dy + off + i, count), wc);
       const VF inner = hn::NegMulAdd(xhat, mean_gx, hn::Sub(g, mean_g));
       store_n(hn::Mul(rstd, inner), dx + off + i, count);

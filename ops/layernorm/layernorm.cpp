@@ -168,7 +168,7 @@ double optional_bytes(const ArgList& a, const char* name) {
   return a.is_none(name) ? 0.0 : bytes_of(a.tensor(name));
 }
 
-// Flops per element. Normalisations: shifted sum and sum of squares 4, (x - mean) * rstd * w + b
+// Flops per element. Normalisations: sum, centred sum and sum of squares 4, (x - mean) * rstd * w + b
 // 4. Backward: four sums 8, dx 5, dw and db partials 3. dyt: tanh counted as one flop, so
 // alpha * x, tanh, gamma * t + beta 4; backward 10.
 constexpr double kNormForwardFlops = 8, kNormBackwardFlops = 16;
@@ -193,7 +193,7 @@ void register_layer_norm(Registry& reg) {
   op.cases = layer_norm_cases;
   reg.add_kernel<LayerNorm>(reference_desc(true), &layer_norm_reference);
   reg.add_kernel<LayerNorm>(
-      cpu_kernel_desc("Highway SIMD + OpenMP over row tasks; shifted sums in one read, f32", true),
+      cpu_kernel_desc("Highway SIMD + OpenMP over row tasks; one read, centred sums from cache, f32", true),
       &layer_norm_cpu, &layer_norm_cpu_applicable);
 
   OpEntry& bwd = reg.add_op<LayerNormBackward>();
@@ -206,7 +206,7 @@ void register_layer_norm(Registry& reg) {
   bwd.cases = layer_norm_backward_cases;
   reg.add_kernel<LayerNormBackward>(reference_desc(false), &layer_norm_backward_reference);
   reg.add_kernel<LayerNormBackward>(
-      cpu_kernel_desc("Highway SIMD + OpenMP; four sums in one read, dw/db from ordered chunk partials"),
+      cpu_kernel_desc("Highway SIMD + OpenMP; one read, dw/db from ordered chunk partials"),
       &layer_norm_backward_cpu, &layer_norm_backward_cpu_applicable);
 }
 
@@ -223,7 +223,7 @@ void register_group_norm(Registry& reg) {
   op.cases = group_norm_cases;
   reg.add_kernel<GroupNorm>(reference_desc(true), &group_norm_reference);
   reg.add_kernel<GroupNorm>(
-      cpu_kernel_desc("Highway SIMD + OpenMP over (n, group); shifted sums in one read, f32", true),
+      cpu_kernel_desc("Highway SIMD + OpenMP over (n, group); one read, centred sums from cache, f32", true),
       &group_norm_cpu, &group_norm_cpu_applicable);
 
   OpEntry& bwd = reg.add_op<GroupNormBackward>();

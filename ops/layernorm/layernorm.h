@@ -69,7 +69,7 @@ struct GroupNorm {
       "biased variance, then y = xhat * w[c] + b[c] with per-channel w, b: [C]. Statistics in "
       "f32 (f64 for f64), one rounding per output. Differs from Liger: Liger uses the one-pass "
       "E[x^2] - E[x]^2 variance and needs x as [N, C, hidden]; opforge takes any trailing dims "
-      "and uses a shifted sum (well conditioned). w and b are required (torch allows none). "
+      "and centres before squaring (two passes, as the reference). w and b are required (torch allows none). "
       "y may alias x exactly (in place).";
   static void check(const TensorView& y, const TensorView& x, const TensorView& w,
                     const TensorView& b, int64_t num_groups, double eps);
