@@ -18,7 +18,8 @@
 //   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory.
 // - OpenMP over tasks (parallel_tasks: one task means no parallel region, so decode rows pay no
 //   fork). Backward dw / db: each chunk of rows (a count from Note [tiling], never per thread)
-//   owns an f32 partial row; the partials are added in chunk order, vectorised over columns.
+//   owns an f32 partial row; the partials are added in chunk order in f64 (Note [ordered
+//   partials]).
 //   group_norm: each (n, group) task writes per-channel partials of row n; they are summed over
 //   n in order. Both are deterministic and independent of the thread count.
 #undef HWY_TARGET_INCLUDE
@@ -28,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "backends/cpu/simd-inl.h"
 #include "hwy/highway.h"
@@ -200,29 +202,6 @@ void layer_norm_backward_chunk(const LayerNormRows& a, int64_t begin, int64_t en
   }
 }
 
-// out[j] = sum over parts p, in order, of partials[p * stride + j], for j in [begin, end).
-template <class T>
-void reduce_typed(const float* partials, int64_t n_parts, int64_t stride, T* out, int64_t begin,
-                  int64_t end) {
-  for_each_vector(end - begin, [&](int64_t i, size_t count) {
-    const int64_t j = begin + i;
-    VF sum = hn::Zero(DF());
-    for (int64_t p = 0; p < n_parts; ++p) sum = hn::Add(sum, load_n(partials + p * stride + j, count));
-    store_n(sum, out + j, count);
-  });
-}
-
-void reduce_partials(const float* partials, int64_t n_parts, int64_t stride, DType dtype, void* out,
-                     int64_t begin, int64_t end) {
-  switch (dtype) {
-    case DType::bf16:
-      return reduce_typed(partials, n_parts, stride, static_cast<bf16_t*>(out), begin, end);
-    case DType::f16:
-      return reduce_typed(partials, n_parts, stride, static_cast<f16_t*>(out), begin, end);
-    default: return reduce_typed(partials, n_parts, stride, static_cast<float*>(out), begin, end);
-  }
-}
-
 // ---- group_norm --------------------------------------------------------------------------------
 // Forward of group (n, g): statistics over the whole contiguous group, then per channel
 // y = (x - mean) * (rstd * w[c]) + b[c].
@@ -349,7 +328,6 @@ namespace opforge {
 namespace layernorm_cpu {
 HWY_EXPORT(layer_norm_forward_rows);
 HWY_EXPORT(layer_norm_backward_chunk);
-HWY_EXPORT(reduce_partials);
 HWY_EXPORT(group_norm_groups);
 }  // namespace layernorm_cpu
 
@@ -363,20 +341,6 @@ cpu::RowTasks tasks_of(int64_t rows, int64_t unit, int64_t tensors_per_element, 
   spec.multiplier = std::max<int64_t>(unit, 1);
   spec.level = cpu::CacheLevel::l2;
   return {rows, cpu::capacity_block(spec)};
-}
-
-// dst[j] = sum over parts, in order, of partials[part * columns + j]: columns split into tasks
-// by Note [tiling] with every part's column block in the working set.
-void reduce_in_order(const float* partials, int64_t n_parts, int64_t columns, DType dtype,
-                     void* dst) {
-  cpu::TileSpec spec;
-  spec.bytes_per_element = int64_t(sizeof(float)) * std::max<int64_t>(n_parts, 1);
-  spec.level = cpu::CacheLevel::l2;
-  const cpu::RowTasks tasks{columns, cpu::capacity_block(spec)};
-  auto* reduce_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::reduce_partials);
-  cpu::parallel_tasks(tasks.count(), [&](int64_t t) {
-    reduce_fn(partials, n_parts, columns, dtype, dst, tasks.begin(t), tasks.end(t));
-  });
 }
 
 std::unique_ptr<float[]> floats(int64_t n) {
@@ -397,6 +361,29 @@ GroupNormArgs group_args(const TensorView& x, const TensorView& w, int64_t num_g
 }
 
 }  // namespace
+
+// Note [ordered partials]: the parameter gradients of the family's backward kernels are summed
+// over f32 partials (one row of `columns` per chunk of rows, or per batch entry for group_norm)
+// in chunk order, in f64, and rounded once to the dtype. Chunks are fixed by Note [tiling], so
+// the result does not depend on the thread count; f64 keeps the long sums (16384 rows) free of
+// f32 cancellation error. Columns are split into tasks with every chunk's block in L2.
+void reduce_partials_in_order(const float* partials, int64_t n_parts, int64_t columns,
+                              const TensorView& dst) {
+  cpu::TileSpec spec;
+  spec.bytes_per_element = int64_t(sizeof(float)) * std::max<int64_t>(n_parts, 1) + 8;
+  spec.level = cpu::CacheLevel::l2;
+  const cpu::RowTasks tasks{columns, cpu::capacity_block(spec)};
+  cpu::parallel_tasks(tasks.count(), [&](int64_t t) {
+    const int64_t begin = tasks.begin(t), end = tasks.end(t);
+    std::vector<double> sum(size_t(end - begin), 0.0);
+    for (int64_t p = 0; p < n_parts; ++p) {
+      const float* part = partials + p * columns + begin;
+      for (int64_t j = 0; j < end - begin; ++j) sum[size_t(j)] += double(part[j]);
+    }
+    for (int64_t j = 0; j < end - begin; ++j)
+      store_from_double(dst.data, dst.dtype, (begin + j) * dst.stride(0), sum[size_t(j)]);
+  });
+}
 
 void layer_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                     const TensorView& b, double eps) {
@@ -437,8 +424,8 @@ void layer_norm_backward_cpu(const Context&, const TensorView& dx, const TensorV
     chunk_fn(a, chunks.begin(c), chunks.end(c), dw_parts.get() + c * hidden,
              db_parts.get() + c * hidden);
   });
-  reduce_in_order(dw_parts.get(), n_chunks, hidden, x.dtype, dw.data);
-  reduce_in_order(db_parts.get(), n_chunks, hidden, x.dtype, db.data);
+  reduce_partials_in_order(dw_parts.get(), n_chunks, hidden, dw);
+  reduce_partials_in_order(db_parts.get(), n_chunks, hidden, db);
 }
 
 void group_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
@@ -467,8 +454,8 @@ void group_norm_backward_cpu(const Context&, const TensorView& dx, const TensorV
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) {
     groups_fn(a, tasks.begin(t), tasks.end(t), dw_parts.get(), db_parts.get());
   });
-  reduce_in_order(dw_parts.get(), a.batch, a.channels, x.dtype, dw.data);
-  reduce_in_order(db_parts.get(), a.batch, a.channels, x.dtype, db.data);
+  reduce_partials_in_order(dw_parts.get(), a.batch, a.channels, dw);
+  reduce_partials_in_order(db_parts.get(), a.batch, a.channels, db);
 }
 
 const char* layer_norm_cpu_applicable(const TensorView&, const TensorView& x, const TensorView&,

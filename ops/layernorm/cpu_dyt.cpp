@@ -13,8 +13,8 @@
 //   bandwidth per core (see the measurements in the family's report).
 // - OpenMP over tasks of rows from capacity_block (Note [tiling]). Backward: each chunk of rows
 //   (a count from Note [tiling], never per thread) sums dgamma and dbeta into its own f32
-//   partial rows and dalpha into its own f32 slot; the chunks are added in chunk order
-//   (deterministic, independent of the thread count).
+//   partial rows and dalpha into its own f32 slot; the chunks are added in chunk order in f64
+//   (Note [ordered partials] in cpu.cpp: deterministic, independent of the thread count).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/layernorm/cpu_dyt.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -106,29 +106,6 @@ void dyt_backward_chunk(const DytRows& a, int64_t begin, int64_t end, float* dga
   }
 }
 
-// out[j] = sum over parts p, in order, of partials[p * stride + j], for j in [begin, end).
-template <class T>
-void reduce_typed(const float* partials, int64_t n_parts, int64_t stride, T* out, int64_t begin,
-                  int64_t end) {
-  for_each_vector(end - begin, [&](int64_t i, size_t count) {
-    const int64_t j = begin + i;
-    VF sum = hn::Zero(DF());
-    for (int64_t p = 0; p < n_parts; ++p) sum = hn::Add(sum, load_n(partials + p * stride + j, count));
-    store_n(sum, out + j, count);
-  });
-}
-
-void dyt_reduce_partials(const float* partials, int64_t n_parts, int64_t stride, DType dtype,
-                         void* out, int64_t begin, int64_t end) {
-  switch (dtype) {
-    case DType::bf16:
-      return reduce_typed(partials, n_parts, stride, static_cast<bf16_t*>(out), begin, end);
-    case DType::f16:
-      return reduce_typed(partials, n_parts, stride, static_cast<f16_t*>(out), begin, end);
-    default: return reduce_typed(partials, n_parts, stride, static_cast<float*>(out), begin, end);
-  }
-}
-
 }  // namespace opforge::dyt_simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -140,7 +117,6 @@ namespace opforge {
 namespace dyt_simd {
 HWY_EXPORT(dyt_forward_rows);
 HWY_EXPORT(dyt_backward_chunk);
-HWY_EXPORT(dyt_reduce_partials);
 }  // namespace dyt_simd
 
 namespace {
@@ -197,19 +173,9 @@ void dyt_backward_cpu(const Context&, const TensorView& dx, const TensorView& da
     chunk_fn(a, chunks.begin(c), chunks.end(c), dgamma_parts.get() + c * hidden,
              dbeta_parts.get() + c * hidden, dalpha_parts.get() + c);
   });
-  // Columns per reduction task: Note [tiling] with every chunk's partial in the working set.
-  cpu::TileSpec spec;
-  spec.bytes_per_element = int64_t(sizeof(float)) * std::max<int64_t>(n_chunks, 1);
-  spec.level = cpu::CacheLevel::l2;
-  const cpu::RowTasks columns{hidden, cpu::capacity_block(spec)};
-  auto* reduce_fn = HWY_DYNAMIC_DISPATCH(dyt_simd::dyt_reduce_partials);
-  cpu::parallel_tasks(columns.count(), [&](int64_t t) {
-    reduce_fn(dgamma_parts.get(), n_chunks, hidden, x.dtype, dgamma.data, columns.begin(t), columns.end(t));
-    reduce_fn(dbeta_parts.get(), n_chunks, hidden, x.dtype, dbeta.data, columns.begin(t), columns.end(t));
-  });
-  float dalpha_sum = 0;  // f32, chunk order
-  for (int64_t c = 0; c < n_chunks; ++c) dalpha_sum += dalpha_parts[size_t(c)];
-  store_from_double(dalpha.data, dalpha.dtype, 0, double(dalpha_sum));
+  reduce_partials_in_order(dgamma_parts.get(), n_chunks, hidden, dgamma);
+  reduce_partials_in_order(dbeta_parts.get(), n_chunks, hidden, dbeta);
+  reduce_partials_in_order(dalpha_parts.get(), n_chunks, 1, dalpha);
 }
 
 const char* dyt_cpu_applicable(const TensorView&, const TensorView& x, const TensorView&,

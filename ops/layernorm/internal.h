@@ -25,6 +25,11 @@ void dyt_backward_cpu(const Context&, const TensorView& dx, const TensorView& da
                       const TensorView& dgamma, const TensorView& dbeta, const TensorView& dy,
                       const TensorView& x, const TensorView& alpha, const TensorView& gamma);
 
+// Note [ordered partials] (cpu.cpp): dst[j] = sum over parts p, in order, in f64, of
+// partials[p * columns + j], rounded once to dst's dtype. dst is [columns].
+void reduce_partials_in_order(const float* partials, int64_t n_parts, int64_t columns,
+                              const TensorView& dst);
+
 // The cpu kernels take f32, bf16 and f16 on the cpu: nullptr when `x` qualifies, else why not.
 const char* layernorm_cpu_reason(const TensorView& x);
 

@@ -46,8 +46,8 @@ struct LayerNormBackward {
       "Backward of layer_norm. With xhat = (x - mean) * rstd and g = dy * w: "
       "dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), dw = sum over rows of dy * xhat, "
       "db = sum over rows of dy (written whether or not the forward had a bias). mean and rstd "
-      "are recomputed from x. dw and db are reduced in f32 from per-chunk partial rows added in "
-      "a fixed order (deterministic, independent of the thread count).";
+      "are recomputed from x. dw and db: f32 partial rows per chunk of rows, added in a fixed "
+      "order in f64 and rounded once (deterministic, independent of the thread count).";
   static void check(const TensorView& dx, const TensorView& dw, const TensorView& db,
                     const TensorView& dy, const TensorView& x, const TensorView& w, double eps);
 };
@@ -92,7 +92,8 @@ struct GroupNormBackward {
       "Backward of group_norm: layer_norm's backward over each (n, group) with g = dy * w[c]: "
       "dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dw[c] = sum over n and positions of "
       "dy * xhat, db[c] = sum of dy. Differs from Liger (atomic adds in the parameter dtype): "
-      "dw and db are summed in f32 over n in a fixed order (deterministic).";
+      "dw and db are f32 sums per (n, channel), added over n in a fixed order in f64 "
+      "(deterministic).";
   static void check(const TensorView& dx, const TensorView& dw, const TensorView& db,
                     const TensorView& dy, const TensorView& x, const TensorView& w,
                     int64_t num_groups, double eps);
@@ -130,7 +131,7 @@ struct DytBackward {
       "Backward of dyt, with t = tanh(alpha * x): dx = alpha * gamma * (1 - t^2) * dy; "
       "dalpha = sum over all elements of x * gamma * (1 - t^2) * dy; dgamma = sum over rows of "
       "dy * t; dbeta = sum over rows of dy (written whether or not the forward had beta). "
-      "Reductions in f32 from per-chunk partials added in a fixed order (deterministic; Liger "
+      "f32 partials per chunk of rows, added in a fixed order in f64 (deterministic; Liger "
       "sums per-SM partials in torch).";
   static void check(const TensorView& dx, const TensorView& dalpha, const TensorView& dgamma,
                     const TensorView& dbeta, const TensorView& dy, const TensorView& x,
