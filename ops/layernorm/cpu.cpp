@@ -22,6 +22,8 @@
 //   partials]).
 //   group_norm: each (n, group) task writes per-channel partials of row n; they are summed over
 //   n in order. Both are deterministic and independent of the thread count.
+// Tolerance: the backward kernels declare f32 atol = rtol = 1e-4 (layernorm.cpp,
+// cpu_backward_desc): their parameter gradients are long sums of f32 terms.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/layernorm/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

@@ -15,6 +15,8 @@
 //   (a count from Note [tiling], never per thread) sums dgamma and dbeta into its own f32
 //   partial rows and dalpha into its own f32 slot; the chunks are added in chunk order in f64
 //   (Note [ordered partials] in cpu.cpp: deterministic, independent of the thread count).
+// Tolerance: the backward kernels declare f32 atol = rtol = 1e-4 (layernorm.cpp,
+// cpu_backward_desc): their parameter gradients are long sums of f32 terms.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/layernorm/cpu_dyt.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
