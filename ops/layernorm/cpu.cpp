@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/simd-inl.h"
@@ -105,7 +106,16 @@ template <class T> HWY_INLINE float first_of(const T* x) { return float(*x); }
 
 // ---- layer_norm forward ------------------------------------------------------------------------
 template <class T>
-void ln_forward_row(const T* x, const float* w, const float* b, T* y, int64_t hidden, float eps) {
+void ln_forward_row(const T* x_in, const float* w, const float* b, T* y, int64_t hidden, float eps,
+                    float* scratch) {
+  // bf16 / f16 rows are widened into the f32 scratch row once (the read from memory), so the
+  // passes over the cached row convert nothing.
+  const float* x = scratch;
+  if constexpr (std::is_same_v<T, float>) {
+    x = x_in;
+  } else {
+    for_each_vector(hidden, [&](int64_t i, size_t count) { store_n(load_n(x_in + i, count), scratch + i, count); });
+  }
   const VF k = hn::Set(DF(), first_of(x));
   const Stats s = stats_of(x, hidden, k, eps);
   const VF mean_d = hn::Set(DF(), s.mean_d), rstd = hn::Set(DF(), s.rstd);
@@ -130,9 +140,10 @@ template <class T> struct Params {
 template <class T> void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
   if (a.hidden == 0) return;
   const Params<T> p(a.w, a.b, a.hidden);
+  std::unique_ptr<float[]> scratch(new float[size_t(a.hidden)]);
   for (int64_t row = begin; row < end; ++row)
     ln_forward_row(static_cast<const T*>(a.x) + row * a.x_stride, p.w.get(), p.b.get(),
-                   static_cast<T*>(a.y) + row * a.y_stride, a.hidden, a.eps);
+                   static_cast<T*>(a.y) + row * a.y_stride, a.hidden, a.eps, scratch.get());
 }
 
 void layer_norm_forward_rows(const LayerNormRows& a, int64_t begin, int64_t end) {
