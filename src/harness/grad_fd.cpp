@@ -6,6 +6,8 @@
 // upstream gradient of forward output <name>; any other argument takes the forward argument (or
 // forward output) of the same name. The checked quantity is L = sum over forward outputs o of
 // sum(do * o) with fixed random do, so dL/dinput must equal what the backward op returns.
+// A gradient output whose forward input is an optional one the case leaves out (db of a forward
+// without bias) is still allocated, from the backward's shape function, and is not checked.
 //
 // In-place ops: a forward `inout` argument is both an input and an output of the same name (its
 // value after the call). A backward `inout` argument "d<name>" is then both: it holds the

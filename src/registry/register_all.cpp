@@ -5,6 +5,7 @@
 #include "ops/embedding/embedding.h"
 #include "ops/linear/linear.h"
 #include "ops/attention/attention.h"
+#include "ops/layernorm/layernorm.h"
 #include "ops/norm/norm.h"
 #include "ops/quant/quant.h"
 #include "ops/rotary/rotary.h"
@@ -33,6 +34,7 @@ void register_all(Registry& reg) {
   register_linear(reg);
   register_embedding(reg);
   register_attention(reg);
+  register_layernorm(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);

@@ -1,0 +1,495 @@
+// CPU kernels of layer_norm, group_norm and their backward ops: layer_norm_cpu,
+// layer_norm_backward_cpu, group_norm_cpu, group_norm_backward_cpu.
+//
+// Assumes: layer_norm rows follow Note [row layout] (unit-stride rows, any uniform row stride);
+// group_norm tensors are contiguous, so a group (n, g) is one run of C / G * spatial elements;
+// f32 / bf16 / f16 (f64 goes to the reference: the predicates say so); the op's check has run.
+//
+// Why it is fast:
+// - One Highway source, runtime dispatch (4 / 8 / 16 f32 lanes on SSE4 / AVX2 / AVX-512);
+//   bf16 / f16 are widened to f32 in registers and rounded once on the store (Note [vector
+//   rounding]). w and b are widened to f32 once per task, not once per row.
+// - Note [centred sums] (below): the row (or group) is read from memory once, by the pass that
+//   sums x - k (k its first element); the centred variance pass and the normalising pass re-read
+//   it from L1 / L2: rows per task come from capacity_block (Note [tiling]) so a task's rows
+//   fit half of a core's L2. Memory traffic is x + y (forward) or dy + x + dx (backward), the
+//   roofline minimum. A group_norm group larger than half the L2 is read three times.
+// - The backward's row sums (sum g with g = dy * w in the read pass; sum g c in the centred pass)
+//   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory.
+// - OpenMP over tasks (parallel_tasks: one task means no parallel region, so decode rows pay no
+//   fork). Backward dw / db: each chunk of rows (a count from Note [tiling], never per thread)
+//   owns an f32 partial row; the partials are added in chunk order in f64 (Note [ordered
+//   partials]).
+//   group_norm: each (n, group) task writes per-channel partials of row n; they are summed over
+//   n in order. Both are deterministic and independent of the thread count.
+// Tolerance: the backward kernels declare f32 atol = rtol = 1e-4 (layernorm.cpp,
+// cpu_backward_desc): their parameter gradients are long sums of f32 terms.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/layernorm/cpu.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "backends/cpu/simd-inl.h"
+#include "hwy/highway.h"
+#include "ops/layernorm/internal.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::layernorm_cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace opforge::cpu::HWY_NAMESPACE;  // NOLINT: the SIMD vocabulary
+
+// x - k at lanes [i, i + count), lanes past count zero (load_n gives them 0, and 0 - k is not).
+template <class T> HWY_INLINE VF shifted(const T* x, int64_t i, size_t count, VF k) {
+  const VF d = hn::Sub(load_n(x + i, count), k);
+  if (HWY_LIKELY(count == hn::Lanes(DF()))) return d;
+  return hn::IfThenElseZero(hn::FirstN(DF(), count), d);
+}
+
+// x - mean at lanes [0, count) as (x - k) - mean_d: x - k is exact when x and k are close
+// (Sterbenz) and mean_d is then small, so no f32 rounding of a large mean enters xhat. Lanes
+// past count are zero.
+template <class T> HWY_INLINE VF centred(const T* x, size_t count, VF k, VF mean_d) {
+  const VF c = hn::Sub(hn::Sub(load_n(x, count), k), mean_d);
+  if (HWY_LIKELY(count == hn::Lanes(DF()))) return c;
+  return hn::IfThenElseZero(hn::FirstN(DF(), count), c);
+}
+
+// Four sums over n elements at once: term(i, count, a, b, c, d). Four independent accumulator
+// chains, enough to hide the latency of the multiply-adds.
+struct Sums4 {
+  float a = 0, b = 0, c = 0, d = 0;
+};
+template <class Term> HWY_INLINE Sums4 sum_over4(int64_t n, Term&& term) {
+  const DF df;
+  VF a = hn::Zero(df), b = hn::Zero(df), c = hn::Zero(df), d = hn::Zero(df);
+  for_each_vector(n, [&](int64_t i, size_t count) { term(i, count, a, b, c, d); });
+  return {sum_lanes(a), sum_lanes(b), sum_lanes(c), sum_lanes(d)};
+}
+
+// Note [centred sums]: mean = k + mean_d with mean_d = sum(x - k) / n (pass 1, the one read
+// from memory), then the variance from the centred values c = (x - k) - mean_d (pass 2, from
+// cache) as the corrected two-pass formula (sum(c^2) - sum(c)^2 / n) / n, which stays accurate
+// whatever k is (an outlier as the first element included).
+struct Stats {
+  float mean_d = 0;  // mean of x minus k
+  float rstd = 0;
+};
+HWY_INLINE float rstd_of(float sum_c, float sum_cc, int64_t n, float eps) {
+  const float var = std::max((sum_cc - sum_c * sum_c / float(n)) / float(n), 0.0f);
+  return 1.0f / std::sqrt(var + eps);
+}
+
+// Note [centred sums] over n contiguous elements of x.
+template <class T> HWY_INLINE Stats stats_of(const T* x, int64_t n, VF k, float eps) {
+  const float sum_d = sum_over(n, [&](int64_t i, size_t count, VF& acc) {
+    acc = hn::Add(acc, shifted(x, i, count, k));
+  });
+  const float mean_d = sum_d / float(n);
+  const VF vmean_d = hn::Set(DF(), mean_d);
+  auto [sum_c, sum_cc] = sum_over2(n, [&](int64_t i, size_t count, VF& acc_c, VF& acc_cc) {
+    const VF c = centred(x + i, count, k, vmean_d);
+    acc_c = hn::Add(acc_c, c);
+    acc_cc = hn::MulAdd(c, c, acc_cc);
+  });
+  // sum(c) / n is the rounding error of mean_d (f32 sums of x - k lose digits when k is far
+  // from the mean): adding it back gives the mean to f32 accuracy of the centred values.
+  return {mean_d + sum_c / float(n), rstd_of(sum_c, sum_cc, n, eps)};
+}
+
+// Element 0 of x as f32.
+template <class T> HWY_INLINE float first_of(const T* x) { return float(*x); }
+
+// ---- layer_norm forward ------------------------------------------------------------------------
+template <class T>
+void ln_forward_row(const T* x_in, const float* w, const float* b, T* y, int64_t hidden, float eps,
+                    float* scratch) {
+  // bf16 / f16 rows are widened into the f32 scratch row once (the read from memory), so the
+  // passes over the cached row convert nothing.
+  const float* x = scratch;
+  if constexpr (std::is_same_v<T, float>) {
+    x = x_in;
+  } else {
+    for_each_vector(hidden, [&](int64_t i, size_t count) { store_n(load_n(x_in + i, count), scratch + i, count); });
+  }
+  const VF k = hn::Set(DF(), first_of(x));
+  const Stats s = stats_of(x, hidden, k, eps);
+  const VF mean_d = hn::Set(DF(), s.mean_d), rstd = hn::Set(DF(), s.rstd);
+  for_each_vector(hidden, [&](int64_t i, size_t count) {  // y may alias x: read, then write
+    const VF xhat = hn::Mul(centred(x + i, count, k, mean_d), rstd);
+    store_n(hn::MulAdd(xhat, load_n(w + i, count), load_n(b + i, count)), y + i, count);
+  });
+}
+
+// w and b (zeros when b is none) widened to f32: the per-column factors of one task.
+template <class T> struct Params {
+  std::unique_ptr<float[]> w, b;
+  Params(const void* w_src, const void* b_src, int64_t n) : w(new float[size_t(n)]), b(new float[size_t(n)]) {
+    for_each_vector(n, [&](int64_t i, size_t count) {
+      store_n(load_n(static_cast<const T*>(w_src) + i, count), w.get() + i, count);
+      const VF bias = b_src ? load_n(static_cast<const T*>(b_src) + i, count) : hn::Zero(DF());
+      store_n(bias, b.get() + i, count);
+    });
+  }
+};
+
+template <class T> void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
+  if (a.hidden == 0) return;
+  const Params<T> p(a.w, a.b, a.hidden);
+  std::unique_ptr<float[]> scratch(new float[size_t(a.hidden)]);
+  for (int64_t row = begin; row < end; ++row)
+    ln_forward_row(static_cast<const T*>(a.x) + row * a.x_stride, p.w.get(), p.b.get(),
+                   static_cast<T*>(a.y) + row * a.y_stride, a.hidden, a.eps, scratch.get());
+}
+
+void layer_norm_forward_rows(const LayerNormRows& a, int64_t begin, int64_t end) {
+  switch (a.dtype) {
+    case DType::bf16: return ln_forward_rows_typed<bf16_t>(a, begin, end);
+    case DType::f16: return ln_forward_rows_typed<f16_t>(a, begin, end);
+    default: return ln_forward_rows_typed<float>(a, begin, end);
+  }
+}
+
+// ---- layer_norm backward -----------------------------------------------------------------------
+// One row: dx, and dy * xhat, dy added into the chunk's partial rows dw_part, db_part.
+template <class T>
+void ln_backward_row(const T* dy, const T* x, const float* w, T* dx, float* dw_part,
+                     float* db_part, int64_t hidden, float eps) {
+  const VF k = hn::Set(DF(), first_of(x));
+  // Pass 1 (the read from memory): sum(x - k) and sum(g), g = dy * w.
+  auto [sum_d, sum_g] = sum_over2(hidden, [&](int64_t i, size_t count, VF& sd, VF& sg) {
+    sd = hn::Add(sd, shifted(x, i, count, k));
+    sg = hn::MulAdd(load_n(dy + i, count), load_n(w + i, count), sg);
+  });
+  // Pass 2 (from cache): centred sums, Note [centred sums].
+  const float mean_d_value = sum_d / float(hidden);
+  const VF mean_d = hn::Set(DF(), mean_d_value);
+  const Sums4 sums = sum_over4(hidden, [&](int64_t i, size_t count, VF& sc, VF& scc, VF& sgc, VF&) {
+    const VF c = centred(x + i, count, k, mean_d);
+    sc = hn::Add(sc, c);
+    scc = hn::MulAdd(c, c, scc);
+    sgc = hn::MulAdd(hn::Mul(load_n(dy + i, count), load_n(w + i, count)), c, sgc);
+  });
+  const float n = float(hidden);
+  const float correction = sums.a / n;  // the rounding error of mean_d, as in stats_of
+  const Stats s{mean_d_value + correction, rstd_of(sums.a, sums.b, hidden, eps)};
+  const float mean_g = sum_g / n;
+  const float mean_gx = s.rstd * (sums.c - correction * sum_g) / n;  // mean(g * xhat)
+  const VF rstd = hn::Set(DF(), s.rstd);
+  const VF mean_corrected = hn::Set(DF(), s.mean_d);
+  const VF vmean_g = hn::Set(DF(), mean_g), vmean_gx = hn::Set(DF(), mean_gx);
+  for_each_vector(hidden, [&](int64_t i, size_t count) {
+    const VF g_up = load_n(dy + i, count);
+    const VF xhat = hn::Mul(centred(x + i, count, k, mean_corrected), rstd);
+    const VF g = hn::Mul(g_up, load_n(w + i, count));
+    const VF inner = hn::NegMulAdd(xhat, vmean_gx, hn::Sub(g, vmean_g));
+    store_n(hn::Mul(rstd, inner), dx + i, count);
+    store_n(hn::MulAdd(g_up, xhat, load_n(dw_part + i, count)), dw_part + i, count);
+    store_n(hn::Add(g_up, load_n(db_part + i, count)), db_part + i, count);
+  });
+}
+
+template <class T>
+void ln_backward_chunk_typed(const LayerNormRows& a, int64_t begin, int64_t end, float* dw_part,
+                             float* db_part) {
+  std::fill(dw_part, dw_part + a.hidden, 0.0f);
+  std::fill(db_part, db_part + a.hidden, 0.0f);
+  if (a.hidden == 0) return;
+  const Params<T> p(a.w, nullptr, a.hidden);
+  for (int64_t row = begin; row < end; ++row)
+    ln_backward_row(static_cast<const T*>(a.dy) + row * a.dy_stride,
+                    static_cast<const T*>(a.x) + row * a.x_stride, p.w.get(),
+                    static_cast<T*>(a.dx) + row * a.dx_stride, dw_part, db_part, a.hidden, a.eps);
+}
+
+void layer_norm_backward_chunk(const LayerNormRows& a, int64_t begin, int64_t end, float* dw_part,
+                               float* db_part) {
+  switch (a.dtype) {
+    case DType::bf16: return ln_backward_chunk_typed<bf16_t>(a, begin, end, dw_part, db_part);
+    case DType::f16: return ln_backward_chunk_typed<f16_t>(a, begin, end, dw_part, db_part);
+    default: return ln_backward_chunk_typed<float>(a, begin, end, dw_part, db_part);
+  }
+}
+
+// ---- group_norm --------------------------------------------------------------------------------
+// Forward of group (n, g): statistics over the whole contiguous group, then per channel
+// y = (x - mean) * (rstd * w[c]) + b[c].
+template <class T> void gn_forward_group(const GroupNormArgs& a, int64_t group) {
+  const int64_t per_group = a.channels / a.groups, len = per_group * a.spatial;
+  if (len == 0) return;
+  const T* x = static_cast<const T*>(a.x) + group * len;
+  T* y = static_cast<T*>(a.y) + group * len;
+  const T* w = static_cast<const T*>(a.w);
+  const T* b = static_cast<const T*>(a.b);
+  const int64_t first_channel = (group % a.groups) * per_group;
+  const VF k = hn::Set(DF(), first_of(x));
+  const Stats s = stats_of(x, len, k, a.eps);
+  const VF mean_d = hn::Set(DF(), s.mean_d);
+  for (int64_t c = 0; c < per_group; ++c) {
+    const int64_t channel = first_channel + c;
+    const VF scale = hn::Set(DF(), s.rstd * first_of(w + channel));
+    const VF shift = hn::Set(DF(), first_of(b + channel));
+    const T* xc = x + c * a.spatial;
+    T* yc = y + c * a.spatial;
+    for_each_vector(a.spatial, [&](int64_t i, size_t count) {
+      store_n(hn::MulAdd(centred(xc + i, count, k, mean_d), scale, shift), yc + i, count);
+    });
+  }
+}
+
+// Backward of group (n, g): per-channel sums of d, d^2, dy and dy d in one read, then dx; the
+// channel's dw and db terms go to dw_part[c], db_part[c] (row n of the [N, C] partials).
+template <class T>
+void gn_backward_group(const GroupNormArgs& a, int64_t group, float* dw_part, float* db_part) {
+  const int64_t per_group = a.channels / a.groups, len = per_group * a.spatial;
+  const int64_t first_channel = (group % a.groups) * per_group;
+  dw_part += first_channel;
+  db_part += first_channel;
+  if (len == 0) {
+    std::fill(dw_part, dw_part + per_group, 0.0f);
+    std::fill(db_part, db_part + per_group, 0.0f);
+    return;
+  }
+  const T* x = static_cast<const T*>(a.x) + group * len;
+  const T* dy = static_cast<const T*>(a.dy) + group * len;
+  T* dx = static_cast<T*>(a.dx) + group * len;
+  const T* w = static_cast<const T*>(a.w) + first_channel;
+  const VF k = hn::Set(DF(), first_of(x));
+  // Pass 1 (the read from memory): the group's sum(x - k), and sum(dy) of each channel (db).
+  const float sum_d = sum_over(len, [&](int64_t i, size_t count, VF& acc) {
+    acc = hn::Add(acc, shifted(x, i, count, k));
+  });
+  float sum_g = 0;
+  for (int64_t c = 0; c < per_group; ++c) {
+    db_part[c] = sum_over(a.spatial, [&](int64_t i, size_t count, VF& acc) {
+      acc = hn::Add(acc, load_n(dy + c * a.spatial + i, count));
+    });
+    sum_g += first_of(w + c) * db_part[c];
+  }
+  // Pass 2 (from cache): centred sums, Note [centred sums]; sum(dy * c) of each channel.
+  const float mean_d_value = sum_d / float(len);
+  const VF mean_d = hn::Set(DF(), mean_d_value);
+  float sum_c = 0, sum_cc = 0, sum_gc = 0;
+  for (int64_t c = 0; c < per_group; ++c) {
+    const int64_t off = c * a.spatial;
+    const Sums4 cs = sum_over4(a.spatial, [&](int64_t i, size_t count, VF& sc, VF& scc, VF& syc, VF&) {
+      const VF centred_x = centred(x + off + i, count, k, mean_d);
+      sc = hn::Add(sc, centred_x);
+      scc = hn::MulAdd(centred_x, centred_x, scc);
+      syc = hn::MulAdd(load_n(dy + off + i, count), centred_x, syc);
+    });
+    sum_c += cs.a;
+    sum_cc += cs.b;
+    sum_gc += first_of(w + c) * cs.c;
+    dw_part[c] = cs.c;  // sum dy * c for now; dw = rstd * that
+  }
+  const float n = float(len);
+  const float correction = sum_c / n;  // the rounding error of mean_d, as in stats_of
+  const Stats s{mean_d_value + correction, rstd_of(sum_c, sum_cc, len, a.eps)};
+  const VF rstd = hn::Set(DF(), s.rstd), mean_corrected = hn::Set(DF(), s.mean_d);
+  const VF mean_g = hn::Set(DF(), sum_g / n);
+  const VF mean_gx = hn::Set(DF(), s.rstd * (sum_gc - correction * sum_g) / n);
+  for (int64_t c = 0; c < per_group; ++c) {
+    dw_part[c] = s.rstd * (dw_part[c] - correction * db_part[c]);  // sum dy * xhat
+    const int64_t off = c * a.spatial;
+    const VF wc = hn::Set(DF(), first_of(w + c));
+    for_each_vector(a.spatial, [&](int64_t i, size_t count) {
+      const VF xhat = hn::Mul(centred(x + off + i, count, k, mean_corrected), rstd);
+      const VF g = hn::Mul(load_n(dy + off + i, count), wc);
+      const VF inner = hn::NegMulAdd(xhat, mean_gx, hn::Sub(g, mean_g));
+      store_n(hn::Mul(rstd, inner), dx + off + i, count);
+    });
+  }
+}
+
+template <class T>
+void gn_groups_typed(const GroupNormArgs& a, int64_t begin, int64_t end, float* dw_part,
+                     float* db_part) {
+  for (int64_t group = begin; group < end; ++group) {
+    if (!a.dy) {
+      gn_forward_group<T>(a, group);
+    } else {
+      const int64_t n = group / a.groups;
+      gn_backward_group<T>(a, group, dw_part + n * a.channels, db_part + n * a.channels);
+    }
+  }
+}
+
+// Groups [begin, end) of group_norm (forward when a.dy is nullptr, else backward; partials are
+// [batch, channels] f32).
+void group_norm_groups(const GroupNormArgs& a, int64_t begin, int64_t end, float* dw_part,
+                       float* db_part) {
+  switch (a.dtype) {
+    case DType::bf16: return gn_groups_typed<bf16_t>(a, begin, end, dw_part, db_part);
+    case DType::f16: return gn_groups_typed<f16_t>(a, begin, end, dw_part, db_part);
+    default: return gn_groups_typed<float>(a, begin, end, dw_part, db_part);
+  }
+}
+
+}  // namespace opforge::layernorm_cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "backends/cpu/parallel.h"
+#include "backends/cpu/tiling.h"
+
+namespace opforge {
+namespace layernorm_cpu {
+HWY_EXPORT(layer_norm_forward_rows);
+HWY_EXPORT(layer_norm_backward_chunk);
+HWY_EXPORT(group_norm_groups);
+}  // namespace layernorm_cpu
+
+namespace {
+
+// Blocks of `rows` units of `unit` elements each: Note [tiling] over L2 with
+// `tensors_per_element` tensors of `itemsize` touched at each element.
+cpu::RowTasks tasks_of(int64_t rows, int64_t unit, int64_t tensors_per_element, int64_t itemsize) {
+  cpu::TileSpec spec;
+  spec.bytes_per_element = tensors_per_element * itemsize;
+  spec.multiplier = std::max<int64_t>(unit, 1);
+  spec.level = cpu::CacheLevel::l2;
+  return {rows, cpu::capacity_block(spec)};
+}
+
+std::unique_ptr<float[]> floats(int64_t n) {
+  return std::unique_ptr<float[]>(new float[size_t(std::max<int64_t>(n, 1))]);
+}
+
+GroupNormArgs group_args(const TensorView& x, const TensorView& w, int64_t num_groups, double eps) {
+  GroupNormArgs a;
+  a.dtype = x.dtype;
+  a.batch = x.size(0);
+  a.channels = x.size(1);
+  a.groups = num_groups;
+  a.spatial = a.batch > 0 && a.channels > 0 ? x.numel() / (a.batch * a.channels) : 0;
+  a.eps = float(eps);
+  a.x = x.data;
+  a.w = w.data;
+  return a;
+}
+
+}  // namespace
+
+// Note [ordered partials]: the parameter gradients of the family's backward kernels are summed
+// over f32 partials (one row of `columns` per chunk of rows, or per batch entry for group_norm)
+// in chunk order, in f64, and rounded once to the dtype. Chunks are fixed by Note [tiling], so
+// the result does not depend on the thread count; f64 keeps the long sums (16384 rows) free of
+// f32 cancellation error. Columns are split into tasks with every chunk's block in L2.
+void reduce_partials_in_order(const float* partials, int64_t n_parts, int64_t columns,
+                              const TensorView& dst) {
+  cpu::TileSpec spec;
+  spec.bytes_per_element = int64_t(sizeof(float)) * std::max<int64_t>(n_parts, 1) + 8;
+  spec.level = cpu::CacheLevel::l2;
+  const cpu::RowTasks tasks{columns, cpu::capacity_block(spec)};
+  cpu::parallel_tasks(tasks.count(), [&](int64_t t) {
+    const int64_t begin = tasks.begin(t), end = tasks.end(t);
+    std::vector<double> sum(size_t(end - begin), 0.0);
+    for (int64_t p = 0; p < n_parts; ++p) {
+      const float* part = partials + p * columns + begin;
+      for (int64_t j = 0; j < end - begin; ++j) sum[size_t(j)] += double(part[j]);
+    }
+    for (int64_t j = 0; j < end - begin; ++j)
+      store_from_double(dst.data, dst.dtype, (begin + j) * dst.stride(0), sum[size_t(j)]);
+  });
+}
+
+void layer_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
+                    const TensorView& b, double eps) {
+  LayerNormRows a;
+  a.dtype = x.dtype;
+  a.hidden = x.size(-1);
+  a.eps = float(eps);
+  a.x = x.data;
+  a.x_stride = x.row_stride();
+  a.w = w.data;
+  a.b = b.defined() ? b.data : nullptr;
+  a.y = y.data;
+  a.y_stride = y.row_stride();
+  const cpu::RowTasks tasks = tasks_of(x.rows(), a.hidden, 2, x.itemsize());
+  auto* rows_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::layer_norm_forward_rows);
+  cpu::parallel_tasks(tasks.count(), [&](int64_t t) { rows_fn(a, tasks.begin(t), tasks.end(t)); });
+}
+
+void layer_norm_backward_cpu(const Context&, const TensorView& dx, const TensorView& dw,
+                             const TensorView& db, const TensorView& dy, const TensorView& x,
+                             const TensorView& w, double eps) {
+  LayerNormRows a;
+  a.dtype = x.dtype;
+  a.hidden = x.size(-1);
+  a.eps = float(eps);
+  a.x = x.data;
+  a.x_stride = x.row_stride();
+  a.w = w.data;
+  a.dy = dy.data;
+  a.dy_stride = dy.row_stride();
+  a.dx = dx.data;
+  a.dx_stride = dx.row_stride();
+  const cpu::RowTasks chunks = tasks_of(x.rows(), a.hidden, 3, x.itemsize());
+  const int64_t n_chunks = chunks.count(), hidden = a.hidden;
+  auto dw_parts = floats(n_chunks * hidden), db_parts = floats(n_chunks * hidden);
+  auto* chunk_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::layer_norm_backward_chunk);
+  cpu::parallel_tasks(n_chunks, [&](int64_t c) {
+    chunk_fn(a, chunks.begin(c), chunks.end(c), dw_parts.get() + c * hidden,
+             db_parts.get() + c * hidden);
+  });
+  reduce_partials_in_order(dw_parts.get(), n_chunks, hidden, dw);
+  reduce_partials_in_order(db_parts.get(), n_chunks, hidden, db);
+}
+
+void group_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
+                    const TensorView& b, int64_t num_groups, double eps) {
+  GroupNormArgs a = group_args(x, w, num_groups, eps);
+  a.b = b.data;
+  a.y = y.data;
+  const int64_t len = a.channels / num_groups * a.spatial;
+  const cpu::RowTasks tasks = tasks_of(a.batch * num_groups, len, 2, x.itemsize());
+  auto* groups_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::group_norm_groups);
+  cpu::parallel_tasks(tasks.count(), [&](int64_t t) {
+    groups_fn(a, tasks.begin(t), tasks.end(t), nullptr, nullptr);
+  });
+}
+
+void group_norm_backward_cpu(const Context&, const TensorView& dx, const TensorView& dw,
+                             const TensorView& db, const TensorView& dy, const TensorView& x,
+                             const TensorView& w, int64_t num_groups, double eps) {
+  GroupNormArgs a = group_args(x, w, num_groups, eps);
+  a.dy = dy.data;
+  a.dx = dx.data;
+  const int64_t len = a.channels / num_groups * a.spatial;
+  auto dw_parts = floats(a.batch * a.channels), db_parts = floats(a.batch * a.channels);
+  const cpu::RowTasks tasks = tasks_of(a.batch * num_groups, len, 3, x.itemsize());
+  auto* groups_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::group_norm_groups);
+  cpu::parallel_tasks(tasks.count(), [&](int64_t t) {
+    groups_fn(a, tasks.begin(t), tasks.end(t), dw_parts.get(), db_parts.get());
+  });
+  reduce_partials_in_order(dw_parts.get(), a.batch, a.channels, dw);
+  reduce_partials_in_order(db_parts.get(), a.batch, a.channels, db);
+}
+
+const char* layer_norm_cpu_applicable(const TensorView&, const TensorView& x, const TensorView&,
+                                      const TensorView&, double) {
+  return layernorm_cpu_reason(x);
+}
+const char* layer_norm_backward_cpu_applicable(const TensorView&, const TensorView&,
+                                               const TensorView&, const TensorView&,
+                                               const TensorView& x, const TensorView&, double) {
+  return layernorm_cpu_reason(x);
+}
+const char* group_norm_cpu_applicable(const TensorView&, const TensorView& x, const TensorView&,
+                                      const TensorView&, int64_t, double) {
+  return layernorm_cpu_reason(x);
+}
+const char* group_norm_backward_cpu_applicable(const TensorView&, const TensorView&,
+                                               const TensorView&, const TensorView&,
+                                               const TensorView& x, const TensorView&, int64_t,
+                                               double) {
+  return layernorm_cpu_reason(x);
+}
+
+}  // namespace opforge
+#endif  // HWY_ONCE
