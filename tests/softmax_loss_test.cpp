@@ -155,10 +155,12 @@ TEST(LossChecks, RejectedCallsLeaveOutputsUntouched) {
   CeArgs a;
   Tensor logits = random({3, 8}, DType::f32, 10);
   Tensor y = random({3, 8}, DType::f32, 11);
+  Tensor bad_target = ids({1, 8, 7});  // 8 is out of range for vocab 8
+  Tensor wrong_width = random({3, 9}, DType::f32, 12);
   const std::vector<std::pair<std::string, std::vector<Value>>> calls = {
-      {"cross_entropy", {a.loss.view(), a.lse.view(), logits.view(), ids({1, 8, 7}).view(), int64_t(-100), 0.0, 0.0, 0.0, std::string("mean")}},
+      {"cross_entropy", {a.loss.view(), a.lse.view(), logits.view(), bad_target.view(), int64_t(-100), 0.0, 0.0, 0.0, std::string("mean")}},
       {"cross_entropy", {a.loss.view(), a.lse.view(), logits.view(), a.target.view(), int64_t(-100), 2.0, 0.0, 0.0, std::string("mean")}},
-      {"softmax", {y.view(), random({3, 9}, DType::f32, 12).view()}},
+      {"softmax", {y.view(), wrong_width.view()}},
       {"kl_div", {a.loss.view(), logits.view(), logits.view(), false, std::string("mean"), -1.0}},
   };
   for (const auto& [op, args] : calls) {

@@ -104,8 +104,8 @@ void attention_prefill_backward_reference(const Context&, const TensorView& dq,
         for (int64_t j = lo; j < hi; ++j) {
           const double p = std::exp(scale * dot(q, q_row, k, kv_row(j), dim) - row_lse);
           const double ds = p * (dot(dout, q_row, v, kv_row(j), dim) - delta);
-          double* dk_j = &dk_acc[size_t(kv_row(j) * dim)];
-          double* dv_j = &dv_acc[size_t(kv_row(j) * dim)];
+          double* dk_j = dk_acc.data() + (kv_row(j) * dim);
+          double* dv_j = dv_acc.data() + (kv_row(j) * dim);
           for (int64_t d = 0; d < dim; ++d) {
             dv_j[d] += p * at(dout, q_row, d);
             dk_j[d] += scale * ds * at(q, q_row, d);

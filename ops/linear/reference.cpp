@@ -47,7 +47,7 @@ std::vector<double> logits_of(const TensorView& hidden, const TensorView& w, con
     const std::vector<double> wv = row_of(w, v);
     const double bias = b.defined() ? at(b, 0, v) : 0.0;
     for (int64_t n = 0; n < tokens; ++n)
-      z[size_t(n * vocab + v)] = dot(&x[size_t(n * h)], wv.data(), h) + bias;
+      z[size_t(n * vocab + v)] = dot(x.data() + (n * h), wv.data(), h) + bias;
   }
   return z;
 }
@@ -75,7 +75,7 @@ void linear_reference(const Context&, const TensorView& y, const TensorView& x,
   for (int64_t m = 0; m < out; ++m) {
     const std::vector<double> wm = row_of(w, m);
     const double bias = b.defined() ? at(b, 0, m) : 0.0;
-    for (int64_t n = 0; n < rows; ++n) put(y, n, m, dot(&xd[size_t(n * in)], wm.data(), in) + bias);
+    for (int64_t n = 0; n < rows; ++n) put(y, n, m, dot(xd.data() + (n * in), wm.data(), in) + bias);
   }
 }
 
@@ -119,7 +119,7 @@ void fused_linear_cross_entropy_reference(const Context&, const TensorView& loss
     const int64_t t = target_at(target, n);
     double loss_n = 0;
     if (t != ignore_index) {
-      const double* zn = &z[size_t(n * vocab)];
+      const double* zn = z.data() + (n * vocab);
       const double lse = log_sum_exp(zn, vocab);
       double mean_z = 0;
       for (int64_t v = 0; v < vocab; ++v) mean_z += zn[v];
@@ -144,7 +144,7 @@ void fused_linear_cross_entropy_backward_reference(
   const double scale = token_scale(r, count_targets(target, ignore_index));
   const double ls = label_smoothing;
   for (int64_t n = 0; n < tokens; ++n) {
-    double* gn = &g[size_t(n * vocab)];
+    double* gn = g.data() + (n * vocab);
     const int64_t t = target_at(target, n);
     const double upstream =
         r == Reduction::none ? load_as_double(dloss.data, dloss.dtype, n * dloss.stride(0))
