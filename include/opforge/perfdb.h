@@ -1,0 +1,150 @@
+// The performance database: per-op timings collected by `opforge collect`, one CSV per op and
+// system, and a query that answers with a latency and says how it got it.
+//
+// Layout:  data/perf/<system>/<op>.csv
+//
+//   # opforge-perfdb 1                        format version (first line, required)
+//   # system: cpu-epyc-2c                     the name given to `opforge collect --system`
+//   # op: rms_norm
+//   # device: AMD EPYC 7B12 (2 threads)       what ran it (CUDA: the card's name)
+//   # commit: 20d968a                         opforge's git commit ("unknown" outside a checkout)
+//   # date: 2026-11-26                        ISO date of the collection
+//   # ceiling_gbps: 23.8                      copy bandwidth measured in the same run
+//   # ceiling_gflops: 180.5                   dense-GEMM peak measured in the same run (0: none)
+//   # axes: tokens                            the interpolation axes (1 or 2 dims, see below)
+//   impl,dtype,<dim>...,median_us,bytes,flops,energy_uj
+//   cpu,bf16,1,4096,0.91,16392,24576,
+//   ...
+//
+// Columns after `dtype` up to `median_us` are the op's grid dims (integers, named in the column
+// header; perfdb::op_dims lists them per op). `bytes` and `flops` are the op's cost model at that
+// point; `energy_uj` (micro-joules per call) is empty when power was not sampled.
+//
+// Query rule (Database::query):
+//   - impl "auto" answers with the fastest impl that can answer; any other impl must match exactly.
+//   - Every dim that is not an axis must match a stored row exactly.
+//   - measured:     the point is stored.
+//   - interpolated: inside the grid along the axes: log(time) linear in log(axis) between the two
+//                   neighbouring stored values (1 axis), bilinear in the logs on a 2-axis grid
+//                   (the four corners must all be stored).
+//   - extrapolated: beyond the largest (or below the smallest) stored value of an axis, by at most
+//                   4x: the achieved fraction of the roofline at the nearest stored point is held
+//                   constant, roofline time = max(bytes / ceiling_gbps, flops / ceiling_gflops)
+//                   with bytes and flops from the op's cost model at the query point.
+//   - anything else throws PerfDataNotAvailable naming what is missing (system, op, impl, dtype,
+//     or the dims and the nearest stored ones); an answer never comes from another op's data.
+// Queries never write: files are read once by Database::load.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "opforge/error.h"
+#include "opforge/op.h"
+
+namespace opforge::perfdb {
+
+inline constexpr int kFormatVersion = 1;
+
+// Named integer dims of one op call, e.g. {{"tokens", 1024}, {"hidden", 4096}}.
+using Dims = std::map<std::string, int64_t>;
+
+class PerfDataNotAvailable : public Error {
+ public:
+  explicit PerfDataNotAvailable(const std::string& message)
+      : Error(ErrorCode::not_available, message) {}
+};
+
+struct FileHeader {
+  int version = kFormatVersion;
+  std::string system, op, device, commit, date;
+  double ceiling_gbps = 0;
+  double ceiling_gflops = 0;
+  std::vector<std::string> axes;  // 1 or 2 names, each one of the dims
+};
+
+struct Row {
+  std::string impl;
+  std::string dtype;  // dtype_name(): f32, bf16, f16, ...
+  Dims dims;
+  double median_us = 0;
+  double bytes = 0;
+  double flops = 0;
+  std::optional<double> energy_uj;
+};
+
+struct OpTable {
+  FileHeader header;
+  std::vector<std::string> dim_names;  // column order
+  std::vector<Row> rows;
+  std::string path;
+};
+
+enum class Method { measured, interpolated, extrapolated, modelled };
+const char* method_name(Method m);
+
+struct Answer {
+  double us = 0;
+  std::optional<double> energy_uj;
+  Method method = Method::measured;
+  std::string impl;  // the impl that answered (useful with "auto")
+  std::string how;   // e.g. "interpolated in tokens between 512 and 1024"
+};
+
+// Write one table (header lines, column header, rows) to `path`; `append_rows` adds rows to an
+// existing file with the same header (used by an interrupted collection that resumes).
+void write_table(const OpTable& table, const std::string& path);
+void append_rows(const std::string& path, const std::vector<std::string>& dim_names,
+                 const std::vector<Row>& rows);
+// Read and validate one file; a malformed line is an Error naming the file and line number.
+OpTable read_table(const std::string& path);
+
+class Database {
+ public:
+  // Every data/perf/<system>/*.csv under `root` (default: the data folder of this checkout or
+  // install, or $OPFORGE_PERF_DATA). Throws PerfDataNotAvailable when the system has no folder.
+  static Database load(const std::string& system, const std::string& root = "");
+  // Systems with a folder under `root`.
+  static std::vector<std::string> systems(const std::string& root = "");
+
+  const std::string& system() const { return system_; }
+  bool has_op(const std::string& op) const { return tables_.count(op) != 0; }
+  const OpTable& table(const std::string& op) const;  // throws PerfDataNotAvailable
+  std::vector<std::string> ops() const;
+
+  Answer query(const std::string& op, const std::string& impl, const std::string& dtype,
+               const Dims& dims) const;
+
+ private:
+  std::string system_;
+  std::map<std::string, OpTable> tables_;
+};
+
+// ---- model-shaped grids (src/perfdb/grid.cpp) ----------------------------------------------
+// The ops the collector and the estimator know: their dims in column order and their axes.
+struct OpGrid {
+  std::string op;
+  std::vector<std::string> dims;
+  std::vector<std::string> axes;
+};
+const std::vector<OpGrid>& known_ops();
+const OpGrid& op_grid(const std::string& op);  // throws Error(unknown_name) listing known_ops()
+// The harness case of `op` at `dims` (every dim of op_grid(op) given, else Error).
+Case case_at(const std::string& op, const Dims& dims);
+// The op's own cost model at `dims`, without allocating the tensors.
+Cost cost_at(const std::string& op, const std::string& dtype, const Dims& dims);
+
+// Leave-one-out over the stored grid: each row along the axes that has stored neighbours on both
+// sides is predicted from the others; relative errors per op.
+struct ValidationRow {
+  std::string op;
+  int points = 0;
+  double median_rel_err = 0;
+  double p90_rel_err = 0;
+};
+std::vector<ValidationRow> leave_one_out(const Database& db);
+
+}  // namespace opforge::perfdb
