@@ -15,9 +15,12 @@
 #include "opforge/error.h"
 #include "opforge/registry.h"
 #include "ops/attention/internal.h"
+#include "tests/test_util.h"
 
 namespace opforge {
 namespace {
+
+using test_util::expect_arg_error;
 
 const Context kCtx{};
 
@@ -36,18 +39,6 @@ Tensor values(const Shape& shape, DType dtype, const std::vector<double>& v) {
 }
 
 double at(const Tensor& t, int64_t i) { return load_as_double(t.data(), t.view().dtype, i); }
-
-template <class F> void expect_arg_error(F&& call, const std::string& arg, const std::string& fragment = "") {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one naming argument '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("argument '" + arg + "'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << msg << "\n  lacks: " << fragment;
-  }
-}
 
 // A packed batch: q [T, Hq, D], k, v [T, Hkv, D], out, lse, cu_seqlens.
 struct Prefill {

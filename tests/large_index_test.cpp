@@ -7,6 +7,7 @@
 // Each tensor is 4+ GiB (bf16), so the whole test needs about 7 GiB of memory at its peak.
 #include <gtest/gtest.h>
 
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,9 +16,12 @@
 #include "opforge/slot.h"
 #include "ops/activation/activation.h"
 #include "ops/norm/norm.h"
+#include "tests/test_util.h"
 
 namespace opforge {
 namespace {
+
+using test_util::at;
 
 constexpr int64_t kTwo31 = int64_t(1) << 31;
 
@@ -35,8 +39,6 @@ void fill_all(const TensorView& t, int64_t rows, int64_t width) {
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(dst + r * width * item, src + (r % 29) * width * item, size_t(width * item));
 }
-
-double at(const TensorView& t, int64_t i) { return load_as_double(t.data, t.dtype, i); }
 
 TEST(LargeIndex, RmsNormRowsPastTwoTo31Elements) {
   const int64_t hidden = 4096;

@@ -15,41 +15,23 @@
 #include "opforge/error.h"
 #include "opforge/registry.h"
 #include "ops/layernorm/internal.h"
+#include "tests/test_util.h"
 
 namespace opforge {
 namespace {
+
+using test_util::Buf;
+using test_util::make;
+using test_util::get;
+using test_util::set;
+using test_util::expect_padding_untouched;
+using test_util::rtol_of;
+using test_util::expect_arg_error;
 
 const Context kCtx{};
 constexpr DType kKernelDtypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // ---- tensors ---------------------------------------------------------------------------------
-// A row-layout tensor whose rows may be padded; storage starts as 0x7b sentinel bytes.
-struct Buf {
-  Tensor storage;
-  TensorView view;
-  operator const TensorView&() const { return view; }  // NOLINT
-};
-
-Buf make(const Shape& shape, DType dtype, int64_t pad = 0) {
-  Buf b;
-  const int64_t hidden = shape[shape.ndim - 1];
-  const int64_t rows = shape.ndim > 1 ? shape.numel() / std::max<int64_t>(hidden, 1) : 1;
-  b.storage = Tensor::empty(Shape{std::max<int64_t>(rows * (hidden + pad), 1)}, dtype);
-  std::memset(b.storage.data(), 0x7b, size_t(b.storage.nbytes()));
-  std::vector<int64_t> strides(size_t(shape.ndim), 1);
-  if (shape.ndim >= 2) strides[size_t(shape.ndim - 2)] = hidden + pad;
-  for (int i = shape.ndim - 3; i >= 0; --i) strides[size_t(i)] = strides[size_t(i + 1)] * shape[i + 1];
-  b.view = TensorView(b.storage.data(), dtype, shape, strides);
-  return b;
-}
-
-double get(const TensorView& t, int64_t row, int64_t i) {
-  return load_as_double(t.data, t.dtype, row * t.row_stride() + i);
-}
-void set(const TensorView& t, int64_t row, int64_t i, double v) {
-  store_from_double(t.data, t.dtype, row * t.row_stride() + i, v);
-}
-
 // N(0, 1) * scale + shift, or U(0.5, 1.5) when positive.
 Buf random(const Shape& shape, DType dtype, uint32_t seed, int64_t pad = 0, bool positive = false,
            double shift = 0) {
@@ -90,36 +72,6 @@ void expect_close(const TensorView& a, const TensorView& r, double rtol, double 
 bool same_bytes(const Buf& a, const Buf& b) {
   return a.storage.nbytes() == b.storage.nbytes() &&
          std::memcmp(a.storage.data(), b.storage.data(), size_t(a.storage.nbytes())) == 0;
-}
-
-// Padding of a padded output still holds the sentinel.
-void expect_padding_untouched(const Buf& b, int64_t pad) {
-  const auto* bytes = static_cast<const unsigned char*>(b.view.data);
-  const int64_t size = b.view.itemsize(), hidden = b.view.size(-1);
-  for (int64_t row = 0; row < b.view.rows(); ++row)
-    for (int64_t i = hidden; i < hidden + pad; ++i)
-      for (int64_t k = 0; k < size; ++k)
-        ASSERT_EQ(bytes[(row * b.view.row_stride() + i) * size + k], 0x7b) << "row " << row;
-}
-
-double rtol_of(DType t) {
-  switch (t) {
-    case DType::bf16: return 1.6e-2;
-    case DType::f16: return 2e-3;
-    default: return 2e-5;
-  }
-}
-
-template <class F> void expect_arg_error(F&& call, const std::string& arg, const std::string& fragment = "") {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one naming argument '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("argument '" + arg + "'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << msg << "\n  lacks: " << fragment;
-  }
 }
 
 // ---- argument checks -----------------------------------------------------------------------------
@@ -321,7 +273,7 @@ TEST(LayernormCpu, LayerNormMatchesReference) {
         layer_norm_cpu(kCtx, y, x, w, bias, 1e-5);
         layer_norm_reference(kCtx, y_ref, x, w, bias, 1e-5);
         expect_close(y, y_ref, rtol_of(t), 1e-3, "y");
-        expect_padding_untouched(y, l.out_pad);
+        expect_padding_untouched(y);
         Buf dy = random(l.shape, t, 14, l.in_pad), dx = make(l.shape, t, l.out_pad);
         Buf dw = make({hidden}, t), db = make({hidden}, t);
         Buf dx_ref = make(l.shape, t), dw_ref = make({hidden}, t), db_ref = make({hidden}, t);
@@ -330,7 +282,7 @@ TEST(LayernormCpu, LayerNormMatchesReference) {
         expect_close(dx, dx_ref, rtol_of(t), 1e-2, "dx");
         expect_close(dw, dw_ref, rtol_of(t) * 5, 1e-2, "dw");
         expect_close(db, db_ref, rtol_of(t) * 5, 1e-2, "db");
-        expect_padding_untouched(dx, l.out_pad);
+        expect_padding_untouched(dx);
       }
 }
 
@@ -396,7 +348,7 @@ TEST(LayernormCpu, DytMatchesReferenceAndSaturates) {
         dyt_cpu(kCtx, y, x, alpha, gamma, shift);
         dyt_reference(kCtx, y_ref, x, alpha, gamma, shift);
         expect_close(y, y_ref, rtol_of(t), 1e-3, "y");
-        expect_padding_untouched(y, l.out_pad);
+        expect_padding_untouched(y);
         Buf dy = random(l.shape, t, 34, l.in_pad), dx = make(l.shape, t, l.out_pad);
         Buf da = make({1}, t), dg = make({hidden}, t), dbeta = make({hidden}, t);
         Buf dx_ref = make(l.shape, t), da_ref = make({1}, t), dg_ref = make({hidden}, t), dbeta_ref = make({hidden}, t);

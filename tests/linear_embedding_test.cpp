@@ -18,9 +18,13 @@
 #include "opforge/registry.h"
 #include "ops/embedding/internal.h"
 #include "ops/linear/internal.h"
+#include "tests/test_util.h"
 
 namespace opforge {
 namespace {
+
+using test_util::at;
+using test_util::expect_arg_error;
 
 const Context kCtx{};
 
@@ -36,20 +40,6 @@ Tensor values(const Shape& shape, DType dtype, const std::vector<double>& v) {
   Tensor t = Tensor::zeros(shape, dtype);
   for (size_t i = 0; i < v.size(); ++i) store_from_double(t.data(), dtype, int64_t(i), v[i]);
   return t;
-}
-
-double at(const TensorView& t, int64_t i) { return load_as_double(t.data, t.dtype, i); }
-
-template <class F> void expect_arg_error(F&& call, const std::string& arg, const std::string& fragment = "") {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one naming argument '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("argument '" + arg + "'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << msg << "\n  lacks: " << fragment;
-  }
 }
 
 // ---- argument checks ---------------------------------------------------------------------------

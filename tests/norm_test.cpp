@@ -15,9 +15,14 @@
 #include "opforge/error.h"
 #include "opforge/registry.h"
 #include "ops/norm/internal.h"
+#include "tests/test_util.h"
 
 namespace opforge {
 namespace {
+
+using test_util::at;
+using test_util::rtol_of;
+using test_util::expect_arg_error;
 
 const Context kCtx{};
 
@@ -48,8 +53,6 @@ Tensor values(const Shape& shape, DType dtype, const std::vector<double>& v) {
   return t;
 }
 
-double at(const TensorView& t, int64_t i) { return load_as_double(t.data, t.dtype, i); }
-
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), size_t(a.nbytes())) == 0;
 }
@@ -61,20 +64,6 @@ void expect_close(const TensorView& a, const TensorView& r, double rtol) {
   for (int64_t i = 0; i < r.numel(); ++i)
     ASSERT_LE(std::abs(at(a, i) - at(r, i)), rtol * (std::abs(at(r, i)) + 1e-3 * max_ref))
         << "element " << i << ": got " << at(a, i) << ", reference " << at(r, i);
-}
-
-double rtol_of(DType t) { return t == DType::bf16 ? 1.6e-2 : t == DType::f16 ? 2e-3 : 5e-5; }
-
-template <class F> void expect_arg_error(F&& call, const std::string& arg, const std::string& fragment = "") {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one naming argument '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("argument '" + arg + "'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << msg << "\n  lacks: " << fragment;
-  }
 }
 
 // ---- checks ------------------------------------------------------------------------------------
@@ -192,7 +181,7 @@ TEST(NormVariantValues, GemmaIsRmsNormWithOffsetOne) {
     reg.call("gemma_fused_add_rms_norm",
              std::vector<Value>{a.view(), sa.view(), x.view(), r.view(), w.view(), 1e-6});
     fused_add_rms_norm_reference(kCtx, b, sb, x, r, w, 1e-6, 1.0);
-    expect_close(a, b, rtol_of(t));
+    expect_close(a, b, rtol_of(t, 5e-5));
     EXPECT_TRUE(same_bytes(sa, sb)) << dtype_name(t);  // s = x + residual, rounded once
   }
 }
@@ -234,7 +223,7 @@ TEST(NormVariantCpu, GatedMatchesReference) {
       Tensor y = make({5, 96}, t), ref = make({5, 96}, t);
       rms_norm_gated_cpu(kCtx, y, x, z, w, 1e-5, c.group, c.norm_first, c.act);
       rms_norm_gated_reference(kCtx, ref, x, z, w, 1e-5, c.group, c.norm_first, c.act);
-      expect_close(y, ref, rtol_of(t));
+      expect_close(y, ref, rtol_of(t, 5e-5));
     }
   }
 }
@@ -246,7 +235,7 @@ TEST(NormVariantCpu, PolyMatchesReference) {
     Tensor y = make({6, 131}, t), ref = make({6, 131}, t);
     poly_norm_cpu(kCtx, y, x, w, b, 1e-6);
     poly_norm_reference(kCtx, ref, x, w, b, 1e-6);
-    expect_close(y, ref, rtol_of(t));
+    expect_close(y, ref, rtol_of(t, 5e-5));
   }
 }
 

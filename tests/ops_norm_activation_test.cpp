@@ -21,45 +21,22 @@
 #include "opforge/registry.h"
 #include "ops/activation/internal.h"
 #include "ops/norm/internal.h"
+#include "tests/test_util.h"
 
 namespace opforge {
 namespace {
 
+using test_util::Buf;
+using test_util::make;
+using test_util::offset_of;
+using test_util::get;
+using test_util::set;
+using test_util::expect_padding_untouched;
+using test_util::rtol_of;
+using test_util::expect_arg_error;
+
 const Context kCtx{};
 constexpr DType kKernelDtypes[] = {DType::f32, DType::bf16, DType::f16};
-
-// ---- tensors ---------------------------------------------------------------------------------
-// A row-layout tensor whose rows may be padded: storage [rows, hidden + pad], view [shape].
-// Storage starts filled with 0x7b bytes (a sentinel), so writes into the padding are visible.
-struct Buf {
-  Tensor storage;
-  TensorView view;
-  int64_t pad = 0;
-  operator const TensorView&() const { return view; }  // NOLINT
-};
-
-Buf make(const Shape& shape, DType dtype, int64_t pad = 0) {
-  Buf b;
-  const int64_t hidden = shape[shape.ndim - 1];
-  const int64_t rows = shape.ndim > 1 ? shape.numel() / std::max<int64_t>(hidden, 1) : 1;
-  const int64_t row_len = hidden + pad;
-  b.storage = Tensor::empty(Shape{std::max<int64_t>(rows * row_len, 1)}, dtype);
-  std::memset(b.storage.data(), 0x7b, size_t(b.storage.nbytes()));
-  std::vector<int64_t> strides(size_t(shape.ndim), 1);
-  if (shape.ndim >= 2) strides[size_t(shape.ndim - 2)] = row_len;
-  for (int i = shape.ndim - 3; i >= 0; --i) strides[size_t(i)] = strides[size_t(i + 1)] * shape[i + 1];
-  b.view = TensorView(b.storage.data(), dtype, shape, strides);
-  b.pad = pad;
-  return b;
-}
-
-int64_t offset_of(const TensorView& t, int64_t row, int64_t i) { return row * t.row_stride() + i; }
-double get(const TensorView& t, int64_t row, int64_t i) {
-  return load_as_double(t.data, t.dtype, offset_of(t, row, i));
-}
-void set(const TensorView& t, int64_t row, int64_t i, double v) {
-  store_from_double(t.data, t.dtype, offset_of(t, row, i), v);
-}
 
 // N(0, 1) with ~1% outliers scaled by 8..32 (as the harness fills activations), or U(0.5, 1.5).
 void fill(const TensorView& t, uint32_t seed, bool positive = false) {
@@ -78,17 +55,6 @@ Buf random(const Shape& shape, DType dtype, uint32_t seed, int64_t pad = 0, bool
   Buf b = make(shape, dtype, pad);
   fill(b.view, seed, positive);
   return b;
-}
-
-// Padding bytes of `b` still hold the sentinel.
-void expect_padding_untouched(const Buf& b) {
-  if (b.pad == 0) return;
-  const auto* bytes = static_cast<const unsigned char*>(b.view.data);
-  const int64_t size = b.view.itemsize(), hidden = b.view.size(-1);
-  for (int64_t row = 0; row < b.view.rows(); ++row)
-    for (int64_t i = hidden; i < hidden + b.pad; ++i)
-      for (int64_t k = 0; k < size; ++k)
-        ASSERT_EQ(bytes[(row * b.view.row_stride() + i) * size + k], 0x7b) << "row " << row;
 }
 
 // |a - r| <= rtol * (|r| + floor * max|r|) + atol for every element.
@@ -115,28 +81,7 @@ bool same_bits(const TensorView& a, const TensorView& b) {
   return true;
 }
 
-// Two ulps of the dtype (reference and kernel each round once, from slightly different values).
-double rtol_of(DType t) {
-  switch (t) {
-    case DType::bf16: return 1.6e-2;
-    case DType::f16: return 2e-3;
-    default: return 2e-5;
-  }
-}
-
 // ---- argument errors -------------------------------------------------------------------------
-template <class F> void expect_arg_error(F&& call, const std::string& arg, const std::string& fragment = "") {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one naming argument '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("argument '" + arg + "'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << msg << "\n  lacks: " << fragment;
-  }
-}
-
 TEST(NormChecks, RmsNormRejectsBadArguments) {
   Buf x = random({4, 64}, DType::f32, 1), w = random({64}, DType::f32, 2, 0, true);
   Buf y = make({4, 64}, DType::f32);
