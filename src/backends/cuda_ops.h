@@ -12,6 +12,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "rms_norm",         "rms_norm_backward",          "fused_add_rms_norm", "fused_add_rms_norm_backward",
     "silu_and_mul",     "silu_and_mul_backward",      "rotary_embedding",   "rotary_embedding_backward",
     "topk_softmax",     "grouped_topk",
+    "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
 };
 
 }  // namespace opforge

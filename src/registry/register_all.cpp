@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "ops/rotary/rotary_cuda.h"
 #include "ops/routing/routing_cuda.h"
+#include "ops/softmax/softmax_cuda.h"
 #endif
 
 namespace opforge {
@@ -41,6 +42,7 @@ void register_all(Registry& reg) {
   register_activation_cuda(reg);
   register_rotary_cuda(reg);
   register_routing_cuda(reg);
+  register_softmax_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif

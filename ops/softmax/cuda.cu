@@ -1,0 +1,312 @@
+// CUDA kernels of the softmax family: softmax, log_softmax and their backward ops.
+//
+// Math (the ops' docs, ops/softmax/softmax.h), all in f32 with one rounding per output:
+//   softmax        y = exp(x - m) / s,            m = max(x), s = sum exp(x - m)
+//   log_softmax    y = x - m - log(s)
+//   softmax bwd    dx = y * (dy - sum(dy * y))
+//   log_sm bwd     dx = dy - exp(y) * sum(dy)
+//
+// Technique. Row-wise and memory-bound: the ideal moves each input once and each output once.
+//  - One row per group of `row threads` (a power of two from 32 to 1024): short rows get one warp
+//    (8 rows per 256-thread block, reduced with shuffles), long rows a whole block (warp partials
+//    merged through shared memory). Launch: rows strided over a grid capped at 65535 x SMs
+//    worth of blocks; int64 offsets (row * row_stride), so 2^31 elements and more index correctly.
+//  - Forward is one pass for the statistics and one for the output. The statistics pass is
+//    online: each thread keeps (max, sum of exp(x - max)) and rescales its sum when the max grows,
+//    so the row is read once for both; the groups' pairs are merged in a fixed butterfly order,
+//    so every thread of a row holds the same bits (deterministic). Each thread keeps up to
+//    kCache of its units in registers; rows longer than kCache x row threads units read the rest
+//    again in the output pass (an L2 hit for the rows in flight).
+//  - cuda_vec16 (priority 200) moves 16-byte packs (8 bf16/f16 or 4 f32): needs 16-byte aligned
+//    bases, row lengths and strides multiples of the pack (the predicate says which fails);
+//    cuda (priority 100) walks single elements and accepts any layout the check accepts.
+//  - Accurate expf / logf (no fast-math intrinsics). One launch on ctx.stream, no host
+//    synchronization, no allocation.
+//
+// Aliasing: y may alias x (forward) and dx may alias dy (backward) exactly: each element is read
+// and written by the same thread, and the writes come after the row's reduction.
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <type_traits>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/softmax/softmax_cuda.h"
+
+namespace opforge {
+namespace cuda::softmax {
+namespace {
+
+enum class Kind { softmax, log_softmax, softmax_backward, log_softmax_backward };
+constexpr bool is_backward(Kind k) { return k == Kind::softmax_backward || k == Kind::log_softmax_backward; }
+constexpr int kCache = 4;  // units kept in registers per thread (a pack is 4 registers)
+
+template <class T> struct Args {
+  T* out;        // y (forward) or dx (backward)
+  const T* a;    // x (forward) or dy (backward)
+  const T* b;    // y (backward only)
+  int64_t out_stride, a_stride, b_stride;
+  int64_t rows, n;
+};
+
+// A unit: a 16-byte pack (kVec) or one element. Raw units are what the register cache keeps
+// (16 bytes = 4 registers a pack); Floats are their f32 values for the math.
+template <class T, bool kVec> struct UnitOf {
+  static constexpr int width = kVec ? Pack<T>::n : 1;
+  using Raw = std::conditional_t<kVec, Pack<T>, T>;
+  struct Floats {
+    float v[width];
+  };
+  static __device__ __forceinline__ Raw load(const T* p) {
+    if constexpr (kVec) return load_pack(p);
+    else return *p;
+  }
+  static __device__ __forceinline__ Floats widen(const Raw& r) {
+    Floats f;
+    if constexpr (kVec) {
+#pragma unroll
+      for (int j = 0; j < width; ++j) f.v[j] = to_f32(r.v[j]);
+    } else {
+      f.v[0] = to_f32(r);
+    }
+    return f;
+  }
+  static __device__ __forceinline__ void store(T* p, const Floats& f) {
+    if constexpr (kVec) {
+      Pack<T> pack;
+#pragma unroll
+      for (int j = 0; j < width; ++j) pack.v[j] = from_f32<T>(f.v[j]);
+      store_pack(p, pack);
+    } else {
+      *p = from_f32<T>(f.v[0]);
+    }
+  }
+};
+
+// Online softmax statistics: the running max and the sum of exp(x - max).
+struct Stats {
+  float m, s;
+};
+__device__ __forceinline__ Stats merge(Stats a, Stats b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};  // both empty (or all -inf)
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+template <int W> __device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
+  float um = v[0];
+#pragma unroll
+  for (int j = 1; j < W; ++j) um = fmaxf(um, v[j]);
+  const float m = fmaxf(st.m, um);
+  if (m == -INFINITY) return st;
+  float s = st.m == m ? st.s : st.s * expf(st.m - m);
+#pragma unroll
+  for (int j = 0; j < W; ++j) s += expf(v[j] - m);
+  return {m, s};
+}
+
+// Reductions over the `rt` threads of a row (a power of two, 32 <= rt <= 1024). rt == 32: a
+// butterfly over the warp (several rows per block, one warp each); rt > 32: the block is the row,
+// warp butterflies, then every thread merges the warp partials from shared memory in warp order.
+// Every thread of the row ends with the same bits (merge and + are commutative).
+__device__ __forceinline__ Stats row_stats(Stats st, int rt, Stats* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    st = merge(st, Stats{__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)});
+  if (rt == 32) return st;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) scratch[warp] = st;
+  __syncthreads();
+  Stats total = scratch[0];
+  for (int w = 1; w < rt / 32; ++w) total = merge(total, scratch[w]);
+  __syncthreads();
+  return total;
+}
+__device__ __forceinline__ float row_sum(float v, int rt, float* scratch) {
+  return rt == 32 ? group_sum<32>(v) : block_sum(v, scratch);
+}
+
+template <class T, bool kVec, Kind kKind>
+__global__ void __launch_bounds__(1024) softmax_kernel(Args<T> p, int rt) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  constexpr bool kBackward = is_backward(kKind);
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  const int64_t units = p.n / W;
+  const int rows_per_block = int(blockDim.x) / rt;
+  const int64_t tid = int(threadIdx.x) % rt;
+  const int64_t row_step = int64_t(gridDim.x) * rows_per_block;
+  // Every thread of a block runs the same number of iterations (the block reductions need it);
+  // rows past the end do no memory work.
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < p.rows; base += row_step) {
+    const int64_t row = base + int(threadIdx.x) / rt;
+    const int64_t live_units = row < p.rows ? units : 0;
+    const int64_t r = row < p.rows ? row : 0;
+    const T* a = p.a + r * p.a_stride;
+    const T* b = kBackward ? p.b + r * p.b_stride : nullptr;
+    T* out = p.out + r * p.out_stride;
+    typename U::Raw ca[kCache], cb[kBackward ? kCache : 1];
+    if constexpr (!kBackward) {
+      Stats st{-INFINITY, 0.0f};
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t u = tid + int64_t(c) * rt;
+        if (u < live_units) {
+          ca[c] = U::load(a + u * W);
+          st = add_unit(st, U::widen(ca[c]).v);
+        }
+      }
+      for (int64_t u = tid + int64_t(kCache) * rt; u < live_units; u += rt)
+        st = add_unit(st, U::widen(U::load(a + u * W)).v);
+      st = row_stats(st, rt, stats_scratch);
+      const float inv_s = 1.0f / st.s, log_s = logf(st.s);
+      auto emit = [&](int64_t u, typename U::Floats x) {
+#pragma unroll
+        for (int j = 0; j < W; ++j)
+          x.v[j] = kKind == Kind::softmax ? expf(x.v[j] - st.m) * inv_s : x.v[j] - st.m - log_s;
+        U::store(out + u * W, x);
+      };
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t u = tid + int64_t(c) * rt;
+        if (u < live_units) emit(u, U::widen(ca[c]));
+      }
+      for (int64_t u = tid + int64_t(kCache) * rt; u < live_units; u += rt) emit(u, U::widen(U::load(a + u * W)));
+    } else {
+      float acc = 0.0f;
+      auto accumulate = [&](const typename U::Floats& g, const typename U::Floats& y) {
+#pragma unroll
+        for (int j = 0; j < W; ++j) acc += kKind == Kind::softmax_backward ? g.v[j] * y.v[j] : g.v[j];
+      };
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t u = tid + int64_t(c) * rt;
+        if (u < live_units) {
+          ca[c] = U::load(a + u * W);
+          cb[c] = U::load(b + u * W);
+          accumulate(U::widen(ca[c]), U::widen(cb[c]));
+        }
+      }
+      for (int64_t u = tid + int64_t(kCache) * rt; u < live_units; u += rt)
+        accumulate(U::widen(U::load(a + u * W)), U::widen(U::load(b + u * W)));
+      const float total = row_sum(acc, rt, sum_scratch);
+      auto emit = [&](int64_t u, typename U::Floats g, const typename U::Floats& y) {
+#pragma unroll
+        for (int j = 0; j < W; ++j)
+          g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total) : g.v[j] - expf(y.v[j]) * total;
+        U::store(out + u * W, g);
+      };
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        const int64_t u = tid + int64_t(c) * rt;
+        if (u < live_units) emit(u, U::widen(ca[c]), U::widen(cb[c]));
+      }
+      for (int64_t u = tid + int64_t(kCache) * rt; u < live_units; u += rt)
+        emit(u, U::widen(U::load(a + u * W)), U::widen(U::load(b + u * W)));
+    }
+  }
+}
+
+int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
+
+template <bool kVec, Kind kKind>
+void run(const Context& ctx, const TensorView& out, const TensorView& a, const TensorView* b) {
+  const int64_t rows = a.rows(), n = a.size(-1);
+  if (rows == 0 || n == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  dispatch_float(a.dtype, "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = UnitOf<T, kVec>::width;
+    Args<T> p{};
+    p.out = out.ptr<T>(), p.out_stride = row_stride_of(out);
+    p.a = a.ptr<T>(), p.a_stride = row_stride_of(a);
+    if (b) p.b = b->ptr<T>(), p.b_stride = row_stride_of(*b);
+    p.rows = rows;
+    p.n = n;
+    // Row threads: enough that each thread has at most kCache units, at least a warp.
+    const int64_t units = n / W;
+    int rt = 32;
+    while (rt < 1024 && int64_t(rt) * kCache < units) rt *= 2;
+    const int block = rt == 32 ? 256 : rt;  // rt == 32: 8 rows (one warp each) per block
+    const int64_t rows_per_block = block / rt;
+    const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
+    const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);
+    softmax_kernel<T, kVec, kKind><<<unsigned(blocks), block, 0, stream_of(ctx)>>>(p, rt);
+    check_launch("softmax kernel launch");
+  });
+}
+
+const char* vec16_problem(std::initializer_list<const TensorView*> views) {
+  for (const TensorView* t : views) {
+    if (!is_cuda_float(t->dtype)) return kNotCudaFloat;
+    if (const char* why = pack_rows_problem(*t, t->size(-1))) return why;
+  }
+  return nullptr;
+}
+const char* scalar_problem(const TensorView& t) { return is_cuda_float(t.dtype) ? nullptr : kNotCudaFloat; }
+
+}  // namespace
+}  // namespace cuda::softmax
+
+using cuda::softmax::Kind;
+using cuda::softmax::run;
+
+// Entry points, one per (op, candidate); the predicates are the applicability checks.
+#define OPFORGE_SOFTMAX_FORWARD_CUDA(op, kind)                                                        \
+  void op##_cuda(const Context& ctx, const TensorView& y, const TensorView& x) {                    \
+    run<false, kind>(ctx, y, x, nullptr);                                                           \
+  }                                                                                                 \
+  void op##_cuda_vec16(const Context& ctx, const TensorView& y, const TensorView& x) {              \
+    run<true, kind>(ctx, y, x, nullptr);                                                            \
+  }                                                                                                 \
+  const char* op##_cuda_applicable(const TensorView&, const TensorView& x) {                        \
+    return cuda::softmax::scalar_problem(x);                                                        \
+  }                                                                                                 \
+  const char* op##_cuda_vec16_applicable(const TensorView& y, const TensorView& x) {                \
+    return cuda::softmax::vec16_problem({&y, &x});                                                  \
+  }
+#define OPFORGE_SOFTMAX_BACKWARD_CUDA(op, kind)                                                       \
+  void op##_cuda(const Context& ctx, const TensorView& dx, const TensorView& dy, const TensorView& y) { \
+    run<false, kind>(ctx, dx, dy, &y);                                                              \
+  }                                                                                                 \
+  void op##_cuda_vec16(const Context& ctx, const TensorView& dx, const TensorView& dy,              \
+                       const TensorView& y) {                                                       \
+    run<true, kind>(ctx, dx, dy, &y);                                                               \
+  }                                                                                                 \
+  const char* op##_cuda_applicable(const TensorView&, const TensorView&, const TensorView& y) {     \
+    return cuda::softmax::scalar_problem(y);                                                        \
+  }                                                                                                 \
+  const char* op##_cuda_vec16_applicable(const TensorView& dx, const TensorView& dy,                \
+                                         const TensorView& y) {                                     \
+    return cuda::softmax::vec16_problem({&dx, &dy, &y});                                            \
+  }
+
+OPFORGE_SOFTMAX_FORWARD_CUDA(softmax, Kind::softmax)
+OPFORGE_SOFTMAX_FORWARD_CUDA(log_softmax, Kind::log_softmax)
+OPFORGE_SOFTMAX_BACKWARD_CUDA(softmax_backward, Kind::softmax_backward)
+OPFORGE_SOFTMAX_BACKWARD_CUDA(log_softmax_backward, Kind::log_softmax_backward)
+#undef OPFORGE_SOFTMAX_FORWARD_CUDA
+#undef OPFORGE_SOFTMAX_BACKWARD_CUDA
+
+void register_softmax_cuda(Registry& reg) {
+  const char* vec = "16-byte packs, online (max, sum) in one read, row cached in registers, f32 math";
+  const char* scalar = "any layout: one element per thread-step, online (max, sum), f32 math";
+  reg.add_kernel<Softmax>(cuda_kernel_desc("cuda_vec16", 200, vec, true), &softmax_cuda_vec16,
+                          &softmax_cuda_vec16_applicable);
+  reg.add_kernel<Softmax>(cuda_kernel_desc("cuda", 100, scalar, true), &softmax_cuda, &softmax_cuda_applicable);
+  reg.add_kernel<LogSoftmax>(cuda_kernel_desc("cuda_vec16", 200, vec, true), &log_softmax_cuda_vec16,
+                             &log_softmax_cuda_vec16_applicable);
+  reg.add_kernel<LogSoftmax>(cuda_kernel_desc("cuda", 100, scalar, true), &log_softmax_cuda,
+                             &log_softmax_cuda_applicable);
+  reg.add_kernel<SoftmaxBackward>(cuda_kernel_desc("cuda_vec16", 200, vec, true), &softmax_backward_cuda_vec16,
+                                  &softmax_backward_cuda_vec16_applicable);
+  reg.add_kernel<SoftmaxBackward>(cuda_kernel_desc("cuda", 100, scalar, true), &softmax_backward_cuda,
+                                  &softmax_backward_cuda_applicable);
+  reg.add_kernel<LogSoftmaxBackward>(cuda_kernel_desc("cuda_vec16", 200, vec, true),
+                                     &log_softmax_backward_cuda_vec16, &log_softmax_backward_cuda_vec16_applicable);
+  reg.add_kernel<LogSoftmaxBackward>(cuda_kernel_desc("cuda", 100, scalar, true), &log_softmax_backward_cuda,
+                                     &log_softmax_backward_cuda_applicable);
+}
+
+}  // namespace opforge
