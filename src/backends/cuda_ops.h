@@ -13,6 +13,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "silu_and_mul",     "silu_and_mul_backward",      "rotary_embedding",   "rotary_embedding_backward",
     "topk_softmax",     "grouped_topk",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
+    "cross_entropy",    "cross_entropy_backward",
 };
 
 }  // namespace opforge

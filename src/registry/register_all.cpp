@@ -18,6 +18,7 @@
 #include "ops/rotary/rotary_cuda.h"
 #include "ops/routing/routing_cuda.h"
 #include "ops/softmax/softmax_cuda.h"
+#include "ops/loss/loss_cuda.h"
 #endif
 
 namespace opforge {
@@ -43,6 +44,7 @@ void register_all(Registry& reg) {
   register_rotary_cuda(reg);
   register_routing_cuda(reg);
   register_softmax_cuda(reg);
+  register_loss_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif

@@ -1,0 +1,371 @@
+// CUDA kernels of cross_entropy and cross_entropy_backward (math: the ops' docs, ops/loss/loss.h).
+//
+// Technique. Both are memory-bound on the [N, V] logits (V up to 152k): the ideal reads the
+// logits once in the forward, and reads them once and writes dlogits once in the backward.
+//  - Forward: the threads of a row (a warp for short rows, up to 1024 for long ones, as in
+//    ops/softmax/cuda.cu) read the row once, keeping online (max, sum of exp(z - max)) and, with
+//    label smoothing, sum(z); z = softcap * tanh(x / softcap) is applied on the fly. One thread
+//    of the row then reads z[target] (a single element), and writes lse and the row's loss.
+//    Reductions run in a fixed order (ops/softmax/row_reduce.cuh), so results are deterministic.
+//  - sum / mean: the per-row losses go to the stream's workspace and one more launch of one
+//    block adds them in a fixed order (each thread a contiguous chunk in f64, then a tree), and
+//    counts the rows not ignored: no atomics, no host synchronization (no `.item()`).
+//  - Backward: needs no reduction (p = exp(z - lse) from the saved lse), so it is one streaming
+//    pass: 2-D blocks, x over the row's 16-byte packs (or elements), y over rows; each thread
+//    writes dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j == target]) times the softcap's
+//    derivative. The target entry is computed in f32 like every other. For mean, a one-block
+//    launch first counts the kept rows into the workspace.
+//  - cuda_vec16 (priority 200): 16-byte packs, needs aligned bases and V, row strides multiples
+//    of the pack; cuda (priority 100): single elements, any layout the check accepts.
+//  - lse and dloss are read in whatever floating dtype they have; loss and lse are written as f32.
+//  - int64 offsets throughout (row * row_stride), accurate expf / logf / tanhf.
+// Differs from the CPU kernels in one way: a target outside [0, V) that is not ignore_index cannot
+// be reported without a host synchronization, so the CUDA check skips the range scan (as for
+// every device tensor) and the kernel writes NaN for that row's loss (and NaN gradients).
+#include <algorithm>
+#include <cmath>
+#include <string_view>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/loss/loss_cuda.h"
+#include "ops/softmax/row_reduce.cuh"
+
+namespace opforge {
+namespace cuda::loss {
+namespace {
+
+using namespace cuda::rows;  // NOLINT: UnitOf, Stats, row_stats, row_sum
+
+enum class Red { none, sum, mean };
+Red red_of(std::string_view r) { return r == "none" ? Red::none : r == "sum" ? Red::sum : Red::mean; }
+
+__device__ __forceinline__ float load_float(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f64: return float(static_cast<const double*>(p)[i]);
+    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+struct Options {
+  int64_t ignore_index;
+  float smoothing, z_scale, softcap;  // z_scale: lse_square_scale
+};
+__device__ __forceinline__ float cap(float x, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
+}
+
+template <class T> struct ForwardArgs {
+  const T* logits;
+  int64_t logits_stride, rows, vocab;
+  const int64_t* target;
+  int64_t target_stride;
+  float* loss;  // [rows] (none) or the workspace (sum / mean)
+  int64_t loss_stride;
+  float* lse;
+  int64_t lse_stride;
+  Options o;
+};
+
+template <class T, bool kVec>
+__global__ void __launch_bounds__(1024) forward_kernel(ForwardArgs<T> p, int rt) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  const int64_t units = p.vocab / W;
+  const int rows_per_block = int(blockDim.x) / rt;
+  const int64_t tid = int(threadIdx.x) % rt;
+  const int64_t row_step = int64_t(gridDim.x) * rows_per_block;
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < p.rows; base += row_step) {
+    const int64_t row = base + int(threadIdx.x) / rt;
+    const bool live = row < p.rows;
+    const T* x = p.logits + (live ? row : 0) * p.logits_stride;
+    Stats st{-INFINITY, 0.0f};
+    float sum_z = 0.0f;
+    for (int64_t u = tid; live && u < units; u += rt) {
+      typename U::Floats z = U::widen(U::load(x + u * W));
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        z.v[j] = cap(z.v[j], p.o.softcap);
+        sum_z += z.v[j];
+      }
+      st = add_unit(st, z.v);
+    }
+    st = row_stats(st, rt, stats_scratch);
+    if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, rt, sum_scratch);
+    if (!live || tid != 0) continue;
+    const float lse = st.m + logf(st.s);
+    p.lse[row * p.lse_stride] = lse;
+    const int64_t t = p.target[row * p.target_stride];
+    float loss = 0.0f;
+    if (t != p.o.ignore_index) {
+      if (t < 0 || t >= p.vocab) {
+        loss = NAN;
+      } else {
+        const float zt = cap(to_f32(x[t]), p.o.softcap);
+        const float eps = p.o.smoothing / float(p.vocab);
+        loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.smoothing * lse - eps * sum_z + p.o.z_scale * lse * lse;
+      }
+    }
+    p.loss[row * p.loss_stride] = loss;
+  }
+}
+
+// One block: out = sum of the kept rows' losses (mean: divided by their count); `count_only`
+// writes the count alone (the backward's mean). Each thread adds a contiguous chunk in f64, then a
+// fixed tree over the block: the same bits for the same inputs.
+__global__ void __launch_bounds__(1024) reduce_kernel(const float* losses, int64_t rows, const int64_t* target,
+                                                      int64_t target_stride, int64_t ignore_index, bool mean,
+                                                      bool count_only, float* out) {
+  __shared__ double sums[1024];
+  __shared__ double counts[1024];
+  const int64_t chunk = (rows + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = int64_t(threadIdx.x) * chunk, end = min(rows, begin + chunk);
+  double s = 0, c = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const bool kept = target[i * target_stride] != ignore_index;
+    c += kept ? 1.0 : 0.0;
+    if (!count_only) s += double(losses[i]);
+  }
+  sums[threadIdx.x] = s;
+  counts[threadIdx.x] = c;
+  __syncthreads();
+  for (int half = int(blockDim.x) / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) {
+      sums[threadIdx.x] += sums[threadIdx.x + half];
+      counts[threadIdx.x] += counts[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = count_only ? float(counts[0]) : float(mean ? sums[0] / counts[0] : sums[0]);
+}
+
+__global__ void fill_kernel(float* out, float v) { *out = v; }
+
+template <class T> struct BackwardArgs {
+  T* dlogits;
+  int64_t dlogits_stride;
+  const T* logits;
+  int64_t logits_stride, rows, vocab;
+  const int64_t* target;
+  int64_t target_stride;
+  const void* lse;
+  DType lse_dtype;
+  int64_t lse_stride;
+  const void* dloss;
+  DType dloss_dtype;
+  int64_t dloss_stride;  // 0 for sum / mean (one element)
+  const float* kept;     // mean: the count of kept rows (workspace); else null
+  Options o;
+};
+
+template <class T, bool kVec>
+__global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  const int64_t units = p.vocab / W;
+  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= units) return;  // no barriers below
+  const float c_ls = 1.0f - p.o.smoothing, eps = p.o.smoothing / float(p.vocab);
+  const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step) {
+    const int64_t t = p.target[row * p.target_stride];
+    T* out = p.dlogits + row * p.dlogits_stride + u * W;
+    typename U::Floats d;
+    if (t == p.o.ignore_index) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = 0.0f;
+      U::store(out, d);
+      continue;
+    }
+    float g = load_float(p.dloss, p.dloss_dtype, row * p.dloss_stride);
+    if (p.kept) g /= *p.kept;
+    const float lse = load_float(p.lse, p.lse_dtype, row * p.lse_stride);
+    const float scale = 1.0f + 2.0f * p.o.z_scale * lse;
+    const bool bad = t < 0 || t >= p.vocab;
+    typename U::Floats x = U::widen(U::load(p.logits + row * p.logits_stride + u * W));
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float z = cap(x.v[j], p.o.softcap);
+      const float hit = (u * W + j == t) ? c_ls : 0.0f;
+      float dz = g * (scale * expf(z - lse) - eps - hit);
+      if (p.o.softcap > 0.0f) {
+        const float r = z / p.o.softcap;
+        dz *= 1.0f - r * r;
+      }
+      d.v[j] = bad ? NAN : dz;
+    }
+    U::store(out, d);
+  }
+}
+
+int64_t stride0(const TensorView& t) { return t.size(0) > 1 ? t.stride(0) : 0; }
+int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
+
+Options options_of(int64_t ignore_index, double smoothing, double z_scale, double softcap) {
+  return Options{ignore_index, float(smoothing), float(z_scale), float(softcap)};
+}
+
+template <bool kVec>
+void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, const TensorView& logits,
+             const TensorView& target, const Options& o, Red red) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  DeviceGuard guard(ctx.device.index);
+  cudaStream_t stream = stream_of(ctx);
+  if (rows == 0) {  // sum of nothing is 0; mean of nothing is NaN (0 / 0), as in the reference
+    if (red != Red::none) {
+      fill_kernel<<<1, 1, 0, stream>>>(loss.ptr<float>(), red == Red::sum ? 0.0f : NAN);
+      check_launch("cross_entropy fill launch");
+    }
+    return;
+  }
+  float* per_row = red == Red::none ? loss.ptr<float>()
+                                    : static_cast<float*>(cuda_workspace(ctx, rows * int64_t(sizeof(float))));
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  dispatch_float(logits.dtype, "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    ForwardArgs<T> p{};
+    p.logits = logits.ptr<T>(), p.logits_stride = row_stride_of(logits);
+    p.rows = rows, p.vocab = vocab;
+    p.target = target.ptr<int64_t>(), p.target_stride = stride0(target);
+    p.loss = per_row, p.loss_stride = red == Red::none ? stride0(loss) : 1;
+    p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
+    p.o = o;
+    const int64_t units = vocab / UnitOf<T, kVec>::width;
+    int rt = 32;
+    while (rt < 1024 && int64_t(rt) * 8 < units) rt *= 2;  // at most ~8 units per thread
+    const int block = rt == 32 ? 256 : rt;
+    const int64_t rows_per_block = block / rt;
+    const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
+    const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);
+    forward_kernel<T, kVec><<<unsigned(blocks), block, 0, stream>>>(p, rt);
+    check_launch("cross_entropy kernel launch");
+  });
+  if (red != Red::none) {
+    reduce_kernel<<<1, 1024, 0, stream>>>(per_row, rows, target.ptr<int64_t>(), stride0(target), o.ignore_index,
+                                          red == Red::mean, false, loss.ptr<float>());
+    check_launch("cross_entropy reduction launch");
+  }
+}
+
+template <bool kVec>
+void backward(const Context& ctx, const TensorView& dlogits, const TensorView& dloss, const TensorView& logits,
+              const TensorView& target, const TensorView& lse, const Options& o, Red red) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (rows == 0 || vocab == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  cudaStream_t stream = stream_of(ctx);
+  const float* kept = nullptr;
+  if (red == Red::mean) {
+    float* count = static_cast<float*>(cuda_workspace(ctx, sizeof(float)));
+    reduce_kernel<<<1, 1024, 0, stream>>>(nullptr, rows, target.ptr<int64_t>(), stride0(target), o.ignore_index,
+                                          true, true, count);
+    check_launch("cross_entropy_backward count launch");
+    kept = count;
+  }
+  dispatch_float(logits.dtype, "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    BackwardArgs<T> p{};
+    p.dlogits = dlogits.ptr<T>(), p.dlogits_stride = row_stride_of(dlogits);
+    p.logits = logits.ptr<T>(), p.logits_stride = row_stride_of(logits);
+    p.rows = rows, p.vocab = vocab;
+    p.target = target.ptr<int64_t>(), p.target_stride = stride0(target);
+    p.lse = lse.data, p.lse_dtype = lse.dtype, p.lse_stride = stride0(lse);
+    p.dloss = dloss.data, p.dloss_dtype = dloss.dtype, p.dloss_stride = red == Red::none ? stride0(dloss) : 0;
+    p.kept = kept;
+    p.o = o;
+    const int64_t units = vocab / UnitOf<T, kVec>::width;
+    int bx = 1;
+    while (bx < units && bx < 256) bx *= 2;
+    const int by = 256 / bx;
+    const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
+    const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
+    backward_kernel<T, kVec><<<grid, dim3(bx, by), 0, stream>>>(p);
+    check_launch("cross_entropy_backward kernel launch");
+  });
+}
+
+bool float_like(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
+
+}  // namespace
+}  // namespace cuda::loss
+
+using namespace cuda::loss;  // NOLINT
+
+void cross_entropy_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse, const TensorView& logits,
+                        const TensorView& target, int64_t ignore_index, double label_smoothing,
+                        double lse_square_scale, double softcap, std::string_view reduction) {
+  forward<false>(ctx, loss, lse, logits, target, options_of(ignore_index, label_smoothing, lse_square_scale, softcap),
+                 red_of(reduction));
+}
+void cross_entropy_cuda_vec16(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                              const TensorView& logits, const TensorView& target, int64_t ignore_index,
+                              double label_smoothing, double lse_square_scale, double softcap,
+                              std::string_view reduction) {
+  forward<true>(ctx, loss, lse, logits, target, options_of(ignore_index, label_smoothing, lse_square_scale, softcap),
+                red_of(reduction));
+}
+const char* cross_entropy_cuda_applicable(const TensorView& loss, const TensorView& lse, const TensorView& logits,
+                                          const TensorView&, int64_t, double, double, double, std::string_view) {
+  if (!cuda::is_cuda_float(logits.dtype)) return cuda::kNotCudaFloat;
+  if (loss.dtype != DType::f32 || lse.dtype != DType::f32) return "loss and lse are not f32";
+  return nullptr;
+}
+const char* cross_entropy_cuda_vec16_applicable(const TensorView& loss, const TensorView& lse,
+                                                const TensorView& logits, const TensorView& target, int64_t i,
+                                                double ls, double z, double c, std::string_view r) {
+  if (const char* why = cross_entropy_cuda_applicable(loss, lse, logits, target, i, ls, z, c, r)) return why;
+  return cuda::pack_rows_problem(logits, logits.size(1));
+}
+
+void cross_entropy_backward_cuda(const Context& ctx, const TensorView& dlogits, const TensorView& dloss,
+                                 const TensorView& logits, const TensorView& target, const TensorView& lse,
+                                 int64_t ignore_index, double label_smoothing, double lse_square_scale,
+                                 double softcap, std::string_view reduction) {
+  backward<false>(ctx, dlogits, dloss, logits, target, lse,
+                  options_of(ignore_index, label_smoothing, lse_square_scale, softcap), red_of(reduction));
+}
+void cross_entropy_backward_cuda_vec16(const Context& ctx, const TensorView& dlogits, const TensorView& dloss,
+                                       const TensorView& logits, const TensorView& target, const TensorView& lse,
+                                       int64_t ignore_index, double label_smoothing, double lse_square_scale,
+                                       double softcap, std::string_view reduction) {
+  backward<true>(ctx, dlogits, dloss, logits, target, lse,
+                 options_of(ignore_index, label_smoothing, lse_square_scale, softcap), red_of(reduction));
+}
+const char* cross_entropy_backward_cuda_applicable(const TensorView&, const TensorView& dloss,
+                                                   const TensorView& logits, const TensorView&,
+                                                   const TensorView& lse, int64_t, double, double, double,
+                                                   std::string_view) {
+  if (!cuda::is_cuda_float(logits.dtype)) return cuda::kNotCudaFloat;
+  if (!float_like(dloss.dtype) || !float_like(lse.dtype)) return "dloss or lse is not f64, f32, f16 or bf16";
+  return nullptr;
+}
+const char* cross_entropy_backward_cuda_vec16_applicable(const TensorView& dlogits, const TensorView& dloss,
+                                                         const TensorView& logits, const TensorView& target,
+                                                         const TensorView& lse, int64_t i, double ls, double z,
+                                                         double c, std::string_view r) {
+  if (const char* why = cross_entropy_backward_cuda_applicable(dlogits, dloss, logits, target, lse, i, ls, z, c, r))
+    return why;
+  if (const char* why = cuda::pack_rows_problem(logits, logits.size(1))) return why;
+  return cuda::pack_rows_problem(dlogits, dlogits.size(1));
+}
+
+void register_loss_cuda(Registry& reg) {
+  const char* fwd_vec = "16-byte packs, one read per row (online max/sum, softcap on the fly), fixed-order sum";
+  const char* fwd = "any layout: one element per thread-step, one read per row, fixed-order sum";
+  const char* bwd_vec = "one streaming pass of 16-byte packs from the saved lse, no reduction";
+  const char* bwd = "any layout: one streaming pass from the saved lse";
+  reg.add_kernel<CrossEntropy>(cuda_kernel_desc("cuda_vec16", 200, fwd_vec, false), &cross_entropy_cuda_vec16,
+                               &cross_entropy_cuda_vec16_applicable);
+  reg.add_kernel<CrossEntropy>(cuda_kernel_desc("cuda", 100, fwd, false), &cross_entropy_cuda,
+                               &cross_entropy_cuda_applicable);
+  reg.add_kernel<CrossEntropyBackward>(cuda_kernel_desc("cuda_vec16", 200, bwd_vec, false),
+                                       &cross_entropy_backward_cuda_vec16,
+                                       &cross_entropy_backward_cuda_vec16_applicable);
+  reg.add_kernel<CrossEntropyBackward>(cuda_kernel_desc("cuda", 100, bwd, false), &cross_entropy_backward_cuda,
+                                       &cross_entropy_backward_cuda_applicable);
+}
+
+}  // namespace opforge

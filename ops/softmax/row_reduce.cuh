@@ -1,0 +1,88 @@
+// Device helpers of row-wise kernels with softmax statistics (ops/softmax/cuda.cu,
+// ops/loss/cuda.cu): units of 16-byte packs or single elements, online (max, sum of exp) merged
+// in a fixed order, and reductions over the threads of one row.
+#pragma once
+
+#include <type_traits>
+
+#include "backends/cuda/cuda_launch.cuh"
+
+namespace opforge::cuda::rows {
+
+// A unit: a 16-byte pack (kVec) or one element. Raw units are what the register cache keeps
+// (16 bytes = 4 registers a pack); Floats are their f32 values for the math.
+template <class T, bool kVec> struct UnitOf {
+  static constexpr int width = kVec ? Pack<T>::n : 1;
+  using Raw = std::conditional_t<kVec, Pack<T>, T>;
+  struct Floats {
+    float v[width];
+  };
+  static __device__ __forceinline__ Raw load(const T* p) {
+    if constexpr (kVec) return load_pack(p);
+    else return *p;
+  }
+  static __device__ __forceinline__ Floats widen(const Raw& r) {
+    Floats f;
+    if constexpr (kVec) {
+#pragma unroll
+      for (int j = 0; j < width; ++j) f.v[j] = to_f32(r.v[j]);
+    } else {
+      f.v[0] = to_f32(r);
+    }
+    return f;
+  }
+  static __device__ __forceinline__ void store(T* p, const Floats& f) {
+    if constexpr (kVec) {
+      Pack<T> pack;
+#pragma unroll
+      for (int j = 0; j < width; ++j) pack.v[j] = from_f32<T>(f.v[j]);
+      store_pack(p, pack);
+    } else {
+      *p = from_f32<T>(f.v[0]);
+    }
+  }
+};
+
+// Online softmax statistics: the running max and the sum of exp(x - max).
+struct Stats {
+  float m, s;
+};
+__device__ __forceinline__ Stats merge(Stats a, Stats b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};  // both empty (or all -inf)
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+template <int W> __device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
+  float um = v[0];
+#pragma unroll
+  for (int j = 1; j < W; ++j) um = fmaxf(um, v[j]);
+  const float m = fmaxf(st.m, um);
+  if (m == -INFINITY) return st;
+  float s = st.m == m ? st.s : st.s * expf(st.m - m);
+#pragma unroll
+  for (int j = 0; j < W; ++j) s += expf(v[j] - m);
+  return {m, s};
+}
+
+// Reductions over the `rt` threads of a row (a power of two, 32 <= rt <= 1024). rt == 32: a
+// butterfly over the warp (several rows per block, one warp each); rt > 32: the block is the row,
+// warp butterflies, then every thread merges the warp partials from shared memory in warp order.
+// Every thread of the row ends with the same bits (merge and + are commutative).
+inline __device__ Stats row_stats(Stats st, int rt, Stats* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    st = merge(st, Stats{__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)});
+  if (rt == 32) return st;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) scratch[warp] = st;
+  __syncthreads();
+  Stats total = scratch[0];
+  for (int w = 1; w < rt / 32; ++w) total = merge(total, scratch[w]);
+  __syncthreads();
+  return total;
+}
+inline __device__ float row_sum(float v, int rt, float* scratch) {
+  return rt == 32 ? group_sum<32>(v) : block_sum(v, scratch);
+}
+
+}  // namespace opforge::cuda::rows
