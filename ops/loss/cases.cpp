@@ -82,7 +82,7 @@ std::vector<CeSpec> ce_specs() {
   s.push_back({"16x4096_none", CaseGroup::medium, 16, 4096, "none"});
   s.push_back({"16x32000", CaseGroup::medium, 16, 32000});
   s.push_back({"16x32000_all_options", CaseGroup::medium, 16, 32000, "mean", 0.1, 1e-4, 30.0, {}, -100, 0, 4.0});
-  for (auto [tokens, vocab] : {std::pair<int64_t, int64_t>{16, 32000}, {1024, 32000}, {16, 128256}, {1024, 128256}, {8192, 128256}})
+  for (auto [tokens, vocab] : {std::pair<int64_t, int64_t>{16, 32000}, {1024, 32000}, {16, 128256}, {1024, 128256}})
     s.push_back({"t" + std::to_string(tokens) + "xv" + std::to_string(vocab), CaseGroup::large, tokens, vocab});
   s.push_back({"0x64", CaseGroup::edge, 0, 64});
   s.push_back({"0x64_sum", CaseGroup::edge, 0, 64, "sum"});
