@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -64,6 +65,8 @@ struct FileHeader {
   double ceiling_gbps = 0;
   double ceiling_gflops = 0;
   std::vector<std::string> axes;  // 1 or 2 names, each one of the dims
+  // Any other "# key: value" lines (e.g. what the collector wants to record), kept and rewritten.
+  std::map<std::string, std::string> extra;
 };
 
 struct Row {
@@ -102,6 +105,9 @@ void append_rows(const std::string& path, const std::vector<std::string>& dim_na
 // Read and validate one file; a malformed line is an Error naming the file and line number.
 OpTable read_table(const std::string& path);
 
+// The op's cost model as the extrapolation uses it; Database's default is perfdb::cost_at.
+using CostFn = std::function<Cost(const std::string& op, const std::string& dtype, const Dims& dims)>;
+
 class Database {
  public:
   // Every data/perf/<system>/*.csv under `root` (default: the data folder of this checkout or
@@ -110,7 +116,11 @@ class Database {
   // Systems with a folder under `root`.
   static std::vector<std::string> systems(const std::string& root = "");
 
+  // The folder the files came from: <root>/<system>.
+  static std::string resolve_root(const std::string& root = "");
+
   const std::string& system() const { return system_; }
+  const std::string& folder() const { return folder_; }
   bool has_op(const std::string& op) const { return tables_.count(op) != 0; }
   const OpTable& table(const std::string& op) const;  // throws PerfDataNotAvailable
   std::vector<std::string> ops() const;
@@ -118,9 +128,14 @@ class Database {
   Answer query(const std::string& op, const std::string& impl, const std::string& dtype,
                const Dims& dims) const;
 
+  // Replace the cost model used for extrapolation (an empty function restores perfdb::cost_at).
+  void set_cost_model(CostFn fn) { cost_ = std::move(fn); }
+
  private:
   std::string system_;
+  std::string folder_;
   std::map<std::string, OpTable> tables_;
+  CostFn cost_;
 };
 
 // ---- model-shaped grids (src/perfdb/grid.cpp) ----------------------------------------------
