@@ -259,12 +259,12 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
       at_stored = cost(op, dtype, clamped);
       at_query = cost(op, dtype, q);
     } catch (const Error& e) {
-      out.why = fmt::format("cannot extrapolate ({}): the cost model failed: {}", join(outside), e.what());
+      out.why = fmt::format("cannot extrapolate in {}: the cost model failed: {}", join(outside, " and "), e.what());
       return out;
     }
     double roof_stored = roofline_us(at_stored, t.header), roof_query = roofline_us(at_query, t.header);
     if (!(roof_stored > 0 && roof_query > 0 && std::isfinite(roof_stored) && std::isfinite(roof_query))) {
-      out.why = fmt::format("cannot extrapolate ({}): the cost model gives no bytes or flops", join(outside));
+      out.why = fmt::format("cannot extrapolate in {}: the cost model gives no bytes or flops", join(outside, " and "));
       return out;
     }
     double fraction = roof_stored / ans.us;
