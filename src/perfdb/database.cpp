@@ -242,6 +242,12 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
   ans.impl = impl;
   ans.us = std::exp(log_t);
   if (energy) ans.energy_uj = energy_positive ? std::exp(log_e) : lin_e;
+  if (std::none_of(br.begin(), br.end(), [](const Bracket& b) { return b.kind == Bracket::inside; })) {
+    std::vector<int64_t> key;  // one stored point: its values as stored, not through exp(log())
+    for (const std::string& a : axes) key.push_back(clamped.at(a));
+    ans.us = grid.at(key)->median_us;
+    ans.energy_uj = grid.at(key)->energy_uj;
+  }
 
   std::vector<std::string> inside, outside;
   for (size_t a = 0; a < axes.size(); ++a) {
