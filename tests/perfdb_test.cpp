@@ -583,4 +583,6 @@ TEST(PerfdbValidate, LeaveOneOutSeesAnOutlier) {
   // through it) are sqrt(1.5) - 1 off; the other 15 are exact, so p90 = the 16th of 18 sorted
   EXPECT_LT(v[0].median_rel_err, 1e-12);
   EXPECT_NEAR(v[0].p90_rel_err, std::sqrt(1.5) - 1, 1e-9);
+  EXPECT_NEAR(v[0].max_rel_err, 1.0 / 3.0, 1e-9);
+  EXPECT_EQ(v[0].worst, "cpu bf16 tokens=32, hidden=4096 along tokens");
 }

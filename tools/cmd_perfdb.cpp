@@ -71,8 +71,9 @@ void run_validate(const PerfdbFlags& f) {
     }
     bool ok = v.median_rel_err <= kGoalMedian && v.p90_rel_err <= kGoalP90;
     (ok ? pass : fail)++;
-    std::cout << fmt::format("{:<28} {:>7} {:>8.2f}% {:>8.2f}%  {}\n", v.op, v.points, v.median_rel_err * 100,
-                             v.p90_rel_err * 100, ok ? "PASS" : "FAIL");
+    std::cout << fmt::format("{:<28} {:>7} {:>8.2f}% {:>8.2f}%  {}  (worst {:.1f}%: {})\n", v.op, v.points,
+                             v.median_rel_err * 100, v.p90_rel_err * 100, ok ? "PASS" : "FAIL", v.max_rel_err * 100,
+                             v.worst);
   }
   std::cout << fmt::format("\n{} op(s) PASS, {} FAIL\n", pass, fail);
 }

@@ -112,15 +112,18 @@ class Database {
  public:
   // Every data/perf/<system>/*.csv under `root` (default: the data folder of this checkout or
   // install, or $OPFORGE_PERF_DATA). Throws PerfDataNotAvailable when the system has no folder.
+  // `root` is the perf folder itself (holding <system>/) or a folder holding data/perf/; the
+  // default search is Note [perf data root] in src/perfdb/database.cpp. Every file is validated
+  // (read_table) and must name this system and, as its `op`, its file name.
   static Database load(const std::string& system, const std::string& root = "");
   // Systems with a folder under `root`.
   static std::vector<std::string> systems(const std::string& root = "");
 
-  // The folder the files came from: <root>/<system>.
+  // The perf folder (holding <system>/ folders) that `root` stands for, as load() uses it.
   static std::string resolve_root(const std::string& root = "");
 
   const std::string& system() const { return system_; }
-  const std::string& folder() const { return folder_; }
+  const std::string& folder() const { return folder_; }  // <perf folder>/<system>
   bool has_op(const std::string& op) const { return tables_.count(op) != 0; }
   const OpTable& table(const std::string& op) const;  // throws PerfDataNotAvailable
   std::vector<std::string> ops() const;
@@ -159,6 +162,8 @@ struct ValidationRow {
   int points = 0;
   double median_rel_err = 0;
   double p90_rel_err = 0;
+  double max_rel_err = 0;
+  std::string worst;  // the prediction with max_rel_err, e.g. "cpu bf16 tokens=48, hidden=4096 along tokens"
 };
 std::vector<ValidationRow> leave_one_out(const Database& db);
 

@@ -34,6 +34,7 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
   for (const std::string& op : db.ops()) {
     const OpTable& t = db.table(op);
     std::vector<double> errors;
+    ValidationRow v;
     for (const std::string& axis : t.header.axes) {
       // Lines: (impl, dtype, every other dim) -> rows sorted by the axis.
       std::map<std::pair<std::string, std::vector<int64_t>>, std::vector<const Row*>> lines;
@@ -50,11 +51,15 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
           const Row &lo = *line[i - 1], &mid = *line[i], &hi = *line[i + 1];
           double pred = detail::log_interp(double(lo.dims.at(axis)), lo.median_us, double(hi.dims.at(axis)),
                                            hi.median_us, double(mid.dims.at(axis)));
-          errors.push_back(std::abs(pred - mid.median_us) / mid.median_us);
+          double err = std::abs(pred - mid.median_us) / mid.median_us;
+          errors.push_back(err);
+          if (err >= v.max_rel_err) {
+            v.max_rel_err = err;
+            v.worst = mid.impl + " " + mid.dtype + " " + detail::dims_text(mid.dims, t.dim_names) + " along " + axis;
+          }
         }
       }
     }
-    ValidationRow v;
     v.op = op;
     v.points = int(errors.size());
     v.median_rel_err = percentile(errors, 0.5);
