@@ -110,7 +110,7 @@ void run_query(const PerfdbFlags& f) {
   perfdb::Dims dims = parse_dims(f.dims);
   perfdb::Answer a = db.query(f.op, f.impl, f.dtype, dims);
   std::string at;
-  for (const auto& [k, v] : dims) at += fmt::format("{}{}={}", at.empty() ? "" : " ", k, v);
+  for (const std::string& d : db.table(f.op).dim_names) at += fmt::format("{}{}={}", at.empty() ? "" : " ", d, dims.at(d));
   std::cout << fmt::format("{} [{}] {} on {}: {}\n", f.op, a.impl, f.dtype, f.system, at);
   std::cout << fmt::format("  time:   {:.4g} us\n", a.us);
   if (a.energy_uj) std::cout << fmt::format("  energy: {:.4g} uJ\n", *a.energy_uj);
