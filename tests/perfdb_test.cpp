@@ -552,6 +552,27 @@ TEST(PerfdbQuery2D, MissingCornerIsNotAvailable) {
   EXPECT_EQ(db.query("attention_decode", "cpu", "bf16", decode_at(3, 700)).method, Method::interpolated);
 }
 
+TEST(PerfdbQuery2D, NonRectangularGridsAnswerAlongAStoredValue) {
+  // batch 8 stops at context 1024 (as a grid capped by memory would): at batch=8 the context axis
+  // is bracketed among batch 8's rows only
+  TempDir dir;
+  OpTable t = decode_table("sysA");
+  std::erase_if(t.rows, [](const Row& r) { return r.dims.at("batch") == 8 && r.dims.at("context") > 1024; });
+  write_table(t, dir / "sysA/attention_decode.csv");
+  Database db = Database::load("sysA", dir.str());
+  db.set_cost_model([](const std::string&, const std::string&, const Dims& d) {
+    Cost c;
+    c.bytes = 1000.0 * double(d.at("batch")) * double(d.at("context"));
+    return c;
+  });
+  Answer a = db.query("attention_decode", "cpu", "bf16", decode_at(8, 2048));
+  EXPECT_EQ(a.method, Method::extrapolated);
+  EXPECT_NE(a.how.find("extrapolated in context from 1024 (2.0x beyond)"), std::string::npos) << a.how;
+  EXPECT_NEAR(a.us, 2 * std::pow(8.0, 0.9) * std::pow(1024.0, 0.6) * 2, 1e-9);
+  Answer b = db.query("attention_decode", "cpu", "bf16", decode_at(8, 700));
+  EXPECT_EQ(b.how, "interpolated in context between 512 and 1024");
+}
+
 // ---- leave-one-out -----------------------------------------------------------------------------
 
 TEST(PerfdbValidate, LeaveOneOutIsZeroOnPowerLaws) {

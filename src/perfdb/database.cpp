@@ -107,8 +107,12 @@ struct Bracket {
 struct Attempt {
   bool ok = false;
   Answer answer;
-  std::string why;  // !ok: what is missing
+  double reach = 1;  // ok: the largest extrapolation ratio used (1: none)
+  std::string why;   // !ok: what is missing
 };
+
+Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
+                       const Dims& q, const CostFn& cost, const std::vector<const Row*>& match, int held);
 
 double roofline_us(const Cost& c, const FileHeader& h) {
   double t = c.bytes / (h.ceiling_gbps * 1e3);                          // bytes / (GB/s) in us
@@ -160,11 +164,40 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
     return out;
   }
 
-  // Bracket the query along each axis.
+  // On two axes, an axis whose query value is stored may be held there, bracketing the other axis
+  // among the rows on that line only (a grid need not be rectangular). Every way is tried; the
+  // best answer wins: measured, then interpolated, then the least extrapolated.
+  std::vector<int> holds;
+  if (axes.size() == 2)
+    for (int a = 0; a < 2; ++a)
+      if (std::any_of(match.begin(), match.end(), [&](const Row* r) { return r->dims.at(axes[a]) == q.at(axes[a]); }))
+        holds.push_back(a);
+  holds.push_back(-1);
+  std::optional<Attempt> best;
+  std::vector<std::string> why;
+  for (int held : holds) {
+    Attempt a = answer_on_grid(t, op, impl, dtype, q, cost, match, held);
+    if (!a.ok) {
+      if (std::find(why.begin(), why.end(), a.why) == why.end()) why.push_back(a.why);
+    } else if (!best || a.answer.method < best->answer.method ||
+               (a.answer.method == best->answer.method && a.reach < best->reach)) {
+      best = a;
+    }
+  }
+  if (best) return *best;
+  out.why = join(why, "; ");
+  return out;
+}
+
+Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
+                       const Dims& q, const CostFn& cost, const std::vector<const Row*>& match, int held) {
+  Attempt out;
+  const std::vector<std::string>& axes = t.header.axes;
   std::vector<Bracket> br(axes.size());
   for (size_t a = 0; a < axes.size(); ++a) {
     std::set<int64_t> values;
-    for (const Row* r : match) values.insert(r->dims.at(axes[a]));
+    for (const Row* r : match)
+      if (held < 0 || size_t(held) == a || r->dims.at(axes[held]) == q.at(axes[held])) values.insert(r->dims.at(axes[a]));
     std::vector<std::string> listed;
     for (int64_t v : values) listed.push_back(std::to_string(v));
     int64_t x = q.at(axes[a]);
@@ -183,11 +216,13 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
       b.lo = b.hi = b.above ? last : first;
       b.ratio = b.above ? double(x) / double(last) : double(first) / double(x);
       if (b.ratio > 4.0) {
-        out.why = fmt::format("{}={} is {:.1f}x {} the {} stored {} {} (at most 4x); stored {}: {}", axes[a], x,
-                              b.ratio, b.above ? "beyond" : "below", b.above ? "largest" : "smallest", axes[a],
-                              b.lo, axes[a], join(listed));
+        std::string line = held >= 0 && size_t(held) != a ? fmt::format(" at {}={}", axes[held], q.at(axes[held])) : "";
+        out.why = fmt::format("{}={} is {:.1f}x {} the {} stored {}{} {} (at most 4x); stored {}{}: {}", axes[a], x,
+                              b.ratio, b.above ? "beyond" : "below", b.above ? "largest" : "smallest", axes[a], line,
+                              b.lo, axes[a], line, join(listed));
         return out;
       }
+      out.reach = std::max(out.reach, b.ratio);
     }
   }
 
