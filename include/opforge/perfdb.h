@@ -104,6 +104,8 @@ void append_rows(const std::string& path, const std::vector<std::string>& dim_na
                  const std::vector<Row>& rows);
 // Read and validate one file; a malformed line is an Error naming the file and line number.
 OpTable read_table(const std::string& path);
+// The same on a file's text; `path` only names it in errors.
+OpTable parse_table(const std::string& text, const std::string& path);
 
 // The op's cost model as the extrapolation uses it; Database's default is perfdb::cost_at.
 using CostFn = std::function<Cost(const std::string& op, const std::string& dtype, const Dims& dims)>;

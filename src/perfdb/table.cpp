@@ -153,7 +153,8 @@ void check_table_for_writing(const OpTable& t, const std::string& path) {
     if (!names.count(a)) bad(fmt::format("axis '{}' is not a dim", a));
   if (h.axes.size() == 2 && h.axes[0] == h.axes[1]) bad("the two axes are the same dim");
   for (const auto& [k, v] : h.extra) {
-    if (!is_name(k) || v.find('\n') != std::string::npos) bad(fmt::format("extra header key '{}' is not a name", k));
+    if (!is_name(k) || v.empty() || v.find('\n') != std::string::npos)
+      bad(fmt::format("extra header '{}' needs a name and a one-line value", k));
     for (const char* r : kRequiredKeys) if (k == r) bad(fmt::format("extra header key '{}' is a standard key", k));
   }
 }
@@ -220,8 +221,10 @@ OpTable read_table(const std::string& path) {
   std::stringstream buffer;
   buffer << f.rdbuf();
   if (f.bad()) throw Error(ErrorCode::io, fmt::format("{}: read failed", path));
-  const std::string content = buffer.str();
+  return parse_table(buffer.str(), path);
+}
 
+OpTable parse_table(const std::string& content, const std::string& path) {
   OpTable t;
   t.path = path;
   std::map<std::string, int> seen_keys;  // key -> line
@@ -259,6 +262,8 @@ OpTable read_table(const std::string& path) {
         parse_error(fmt::format("header key '{}' repeated (first on line {})", key, it->second));
       seen_keys[key] = line_no;
       FileHeader& h = t.header;
+      if ((key == "system" || key == "op") && !is_name(value))
+        parse_error(fmt::format("{} must be a name (letters, digits, _ - .), got '{}'", key, value));
       if (key == "system") h.system = value;
       else if (key == "op") h.op = value;
       else if (key == "device") h.device = value;
@@ -344,7 +349,6 @@ OpTable read_table(const std::string& path) {
     seen_rows[key] = line_no;
     t.rows.push_back(std::move(r));
   }
-  if (f.bad()) throw Error(ErrorCode::io, fmt::format("{}: read failed", path));
   if (line_no == 0) fail(ErrorCode::parse, path, 1, fmt::format("empty file (expected '# opforge-perfdb {}')", kFormatVersion));
   if (!have_columns) {
     for (const char* k : kRequiredKeys)
