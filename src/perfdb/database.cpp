@@ -299,7 +299,7 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
     try {
       at_stored = cost(op, dtype, clamped);
       at_query = cost(op, dtype, q);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       out.why = fmt::format("cannot extrapolate in {}: the cost model failed: {}", join(outside, " and "), e.what());
       return out;
     }
@@ -393,7 +393,12 @@ std::vector<std::string> Database::ops() const {
 
 Answer Database::query(const std::string& op, const std::string& impl, const std::string& dtype,
                        const Dims& dims) const {
-  const OpTable& t = table(op);
+  auto found = tables_.find(op);
+  if (found == tables_.end())
+    throw PerfDataNotAvailable(fmt::format("no performance data for op '{}' (system '{}', impl '{}', dtype '{}'): "
+                                           "never measured there (ops measured: {})",
+                                           op, system_, impl, dtype, join(ops())));
+  const OpTable& t = found->second;
   for (const std::string& d : t.dim_names) {
     auto it = dims.find(d);
     if (it == dims.end())
