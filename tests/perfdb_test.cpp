@@ -447,10 +447,11 @@ TEST_F(PerfdbQuery, UnknownNamesAreNotAvailable) {
   EXPECT_NE(unavailable([&] { db.query("rms_norm", "cpu", "bf17", q); }).find("'bf17'"), std::string::npos);
   EXPECT_NE(unavailable([&] { Database::load("nowhere", dir.str()); }).find("'nowhere'"), std::string::npos);
   EXPECT_NE(unavailable([&] { db.table("layer_norm"); }).find("layer_norm"), std::string::npos);
-  // a malformed query is a plain argument error
-  error_of([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 64}}); }, ErrorCode::invalid_argument);
-  error_of([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 64}, {"hidden", 4096}, {"x", 1}}); },
-           ErrorCode::invalid_argument);
+  // other dims than the stored ones: not available, naming the dim; a dim <= 0 is a bad argument
+  EXPECT_NE(unavailable([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 64}}); }).find("without dim 'hidden'"),
+            std::string::npos);
+  EXPECT_NE(unavailable([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 64}, {"hidden", 4096}, {"x", 1}}); })
+                .find("by dim 'x'"), std::string::npos);
   error_of([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 0}, {"hidden", 4096}}); }, ErrorCode::invalid_argument);
 }
 

@@ -399,18 +399,19 @@ Answer Database::query(const std::string& op, const std::string& impl, const std
                                            "never measured there (ops measured: {})",
                                            op, system_, impl, dtype, join(ops())));
   const OpTable& t = found->second;
-  for (const std::string& d : t.dim_names) {
-    auto it = dims.find(d);
-    if (it == dims.end())
-      throw Error(ErrorCode::invalid_argument, fmt::format("perfdb query of {}: dim '{}' missing (the op's dims: {})",
-                                                           op, d, join(t.dim_names)));
-    if (it->second <= 0)
-      throw Error(ErrorCode::invalid_argument, fmt::format("perfdb query of {}: dim {}={} is not > 0", op, d, it->second));
-  }
-  for (const auto& [d, v] : dims)
+  // The query must name the table's dims: a different set is data this table does not hold.
+  for (const std::string& d : t.dim_names)
+    if (!dims.count(d))
+      throw PerfDataNotAvailable(fmt::format("no performance data for {} (system '{}') without dim '{}': the stored "
+                                             "dims are {}, the query gives {}",
+                                             op, system_, d, join(t.dim_names), detail::dims_text(dims, t.dim_names)));
+  for (const auto& [d, v] : dims) {
     if (std::find(t.dim_names.begin(), t.dim_names.end(), d) == t.dim_names.end())
-      throw Error(ErrorCode::invalid_argument, fmt::format("perfdb query of {}: unknown dim '{}' (the op's dims: {})",
-                                                           op, d, join(t.dim_names)));
+      throw PerfDataNotAvailable(fmt::format("no performance data for {} (system '{}') by dim '{}': the stored dims "
+                                             "are {}", op, system_, d, join(t.dim_names)));
+    if (v <= 0)
+      throw Error(ErrorCode::invalid_argument, fmt::format("perfdb query of {}: dim {}={} is not > 0", op, d, v));
+  }
   const std::string dt = canonical_dtype(dtype);
   std::set<std::string> impls, impls_in_dtype, dtypes, dtypes_of_impl;
   for (const Row& r : t.rows) {
