@@ -26,7 +26,8 @@
 //   - measured:     the point is stored.
 //   - interpolated: inside the grid along the axes: log(time) linear in log(axis) between the two
 //                   neighbouring stored values (1 axis), bilinear in the logs on a 2-axis grid
-//                   (the four corners must all be stored).
+//                   (the four corners must all be stored). On 2 axes an axis whose query value is
+//                   stored may instead be held there, the other bracketed along that line.
 //   - extrapolated: beyond the largest (or below the smallest) stored value of an axis, by at most
 //                   4x: the achieved fraction of the roofline at the nearest stored point is held
 //                   constant, roofline time = max(bytes / ceiling_gbps, flops / ceiling_gflops)
