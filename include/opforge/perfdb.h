@@ -26,7 +26,8 @@
 //   - measured:     the point is stored.
 //   - interpolated: inside the grid along the axes: log(time) linear in log(axis) between the two
 //                   neighbouring stored values (1 axis), bilinear in the logs on a 2-axis grid
-//                   (the four corners must all be stored).
+//                   (the four corners must all be stored). On 2 axes an axis whose query value is
+//                   stored may instead be held there, the other bracketed along that line.
 //   - extrapolated: beyond the largest (or below the smallest) stored value of an axis, by at most
 //                   4x: the achieved fraction of the roofline at the nearest stored point is held
 //                   constant, roofline time = max(bytes / ceiling_gbps, flops / ceiling_gflops)
@@ -37,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -64,6 +66,8 @@ struct FileHeader {
   double ceiling_gbps = 0;
   double ceiling_gflops = 0;
   std::vector<std::string> axes;  // 1 or 2 names, each one of the dims
+  // Any other "# key: value" lines (e.g. what the collector wants to record), kept and rewritten.
+  std::map<std::string, std::string> extra;
 };
 
 struct Row {
@@ -101,16 +105,28 @@ void append_rows(const std::string& path, const std::vector<std::string>& dim_na
                  const std::vector<Row>& rows);
 // Read and validate one file; a malformed line is an Error naming the file and line number.
 OpTable read_table(const std::string& path);
+// The same on a file's text; `path` only names it in errors.
+OpTable parse_table(const std::string& text, const std::string& path);
+
+// The op's cost model as the extrapolation uses it; Database's default is perfdb::cost_at.
+using CostFn = std::function<Cost(const std::string& op, const std::string& dtype, const Dims& dims)>;
 
 class Database {
  public:
   // Every data/perf/<system>/*.csv under `root` (default: the data folder of this checkout or
   // install, or $OPFORGE_PERF_DATA). Throws PerfDataNotAvailable when the system has no folder.
+  // `root` is the perf folder itself (holding <system>/) or a folder holding data/perf/; the
+  // default search is Note [perf data root] in src/perfdb/database.cpp. Every file is validated
+  // (read_table) and must name this system and, as its `op`, its file name.
   static Database load(const std::string& system, const std::string& root = "");
   // Systems with a folder under `root`.
   static std::vector<std::string> systems(const std::string& root = "");
 
+  // The perf folder (holding <system>/ folders) that `root` stands for, as load() uses it.
+  static std::string resolve_root(const std::string& root = "");
+
   const std::string& system() const { return system_; }
+  const std::string& folder() const { return folder_; }  // <perf folder>/<system>
   bool has_op(const std::string& op) const { return tables_.count(op) != 0; }
   const OpTable& table(const std::string& op) const;  // throws PerfDataNotAvailable
   std::vector<std::string> ops() const;
@@ -118,9 +134,14 @@ class Database {
   Answer query(const std::string& op, const std::string& impl, const std::string& dtype,
                const Dims& dims) const;
 
+  // Replace the cost model used for extrapolation (an empty function restores perfdb::cost_at).
+  void set_cost_model(CostFn fn) { cost_ = std::move(fn); }
+
  private:
   std::string system_;
+  std::string folder_;
   std::map<std::string, OpTable> tables_;
+  CostFn cost_;
 };
 
 // ---- model-shaped grids (src/perfdb/grid.cpp) ----------------------------------------------
@@ -144,6 +165,8 @@ struct ValidationRow {
   int points = 0;
   double median_rel_err = 0;
   double p90_rel_err = 0;
+  double max_rel_err = 0;
+  std::string worst;  // the prediction with max_rel_err, e.g. "cpu bf16 tokens=48, hidden=4096 along tokens"
 };
 std::vector<ValidationRow> leave_one_out(const Database& db);
 

@@ -1,0 +1,455 @@
+// The performance database: loading a system's tables and answering queries by the rule in
+// include/opforge/perfdb.h (measured / interpolated in log-log / extrapolated at a constant
+// fraction of the roofline, never from another op's data).
+//
+// Note [perf data root]: where Database::load looks when no root is given, first match wins:
+//   1. $OPFORGE_PERF_DATA (non-empty);
+//   2. walking up from the running executable's folder, then from the current folder: the first
+//      ancestor holding data/perf/ (a checkout or build tree) or share/opforge/perf/ (an install
+//      prefix, found relative to bin/);
+//   3. the installed share folder this build was configured with (<prefix>/share/opforge/perf).
+// A root (given or from $OPFORGE_PERF_DATA) may be the perf folder itself (holding <system>/
+// folders) or a folder holding data/perf/ (a checkout).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "opforge/dtype.h"
+#include "opforge/perfdb.h"
+#include "perfdb/internal.h"
+
+#ifndef OPFORGE_PERF_DATA_DIR
+#define OPFORGE_PERF_DATA_DIR ""
+#endif
+
+namespace opforge::perfdb {
+
+namespace fs = std::filesystem;
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::measured: return "measured";
+    case Method::interpolated: return "interpolated";
+    case Method::extrapolated: return "extrapolated";
+    case Method::modelled: return "modelled";
+  }
+  return "?";
+}
+
+std::string detail::dims_text(const Dims& dims, const std::vector<std::string>& order) {
+  std::string s;
+  for (const std::string& d : order)
+    if (auto it = dims.find(d); it != dims.end()) s += fmt::format("{}{}={}", s.empty() ? "" : ", ", d, it->second);
+  for (const auto& [d, v] : dims)  // names outside `order` (a malformed query) still show
+    if (std::find(order.begin(), order.end(), d) == order.end()) s += fmt::format("{}{}={}", s.empty() ? "" : ", ", d, v);
+  return s;
+}
+
+namespace {
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : sep) + x;
+  return s.empty() ? "none" : s;
+}
+
+template <class Set>
+std::string join_set(const Set& set) {
+  return join(std::vector<std::string>(set.begin(), set.end()));
+}
+
+fs::path perf_folder_of(const fs::path& root) {
+  std::error_code ec;
+  if (fs::is_directory(root / "data" / "perf", ec)) return root / "data" / "perf";
+  return root;
+}
+
+std::optional<fs::path> find_upwards(fs::path start) {
+  std::error_code ec;
+  for (fs::path p = start; !p.empty(); p = p.parent_path()) {
+    if (fs::is_directory(p / "data" / "perf", ec)) return p / "data" / "perf";
+    if (fs::is_directory(p / "share" / "opforge" / "perf", ec)) return p / "share" / "opforge" / "perf";
+    if (p == p.parent_path()) break;
+  }
+  return std::nullopt;
+}
+
+// The 1-based line of a "# key:" header line (for errors about a loaded file's header).
+int header_line(const std::string& path, const std::string& key) {
+  std::ifstream f(path);
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n)
+    if (line.rfind("# " + key + ":", 0) == 0) return n;
+  return 1;
+}
+
+std::string canonical_dtype(const std::string& dtype) {
+  try {
+    return dtype_name(parse_dtype(dtype));
+  } catch (const Error&) {
+    return dtype;  // never stored: the query reports it as not measured
+  }
+}
+
+// Where a query value lies along one axis of the stored values.
+struct Bracket {
+  enum Kind { exact, inside, outside } kind = exact;
+  int64_t lo = 0, hi = 0;  // inside: neighbours; outside: lo == hi == the nearest stored value
+  double ratio = 1;        // outside: how far beyond (>= 1)
+  bool above = false;      // outside: beyond the largest (else below the smallest)
+};
+
+struct Attempt {
+  bool ok = false;
+  Answer answer;
+  double reach = 1;  // ok: the largest extrapolation ratio used (1: none)
+  std::string why;   // !ok: what is missing
+};
+
+Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
+                       const Dims& q, const CostFn& cost, const std::vector<const Row*>& match, int held);
+
+double roofline_us(const Cost& c, const FileHeader& h) {
+  double t = c.bytes / (h.ceiling_gbps * 1e3);                          // bytes / (GB/s) in us
+  if (h.ceiling_gflops > 0) t = std::max(t, c.flops / (h.ceiling_gflops * 1e3));  // flops / (GFLOP/s)
+  return t;
+}
+
+Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
+                    const Dims& q, const CostFn& cost) {
+  Attempt out;
+  const std::vector<std::string>& axes = t.header.axes;
+  std::vector<std::string> fixed;  // the non-axis dims
+  for (const std::string& d : t.dim_names)
+    if (std::find(axes.begin(), axes.end(), d) == axes.end()) fixed.push_back(d);
+
+  std::vector<const Row*> rows, match;
+  for (const Row& r : t.rows)
+    if (r.impl == impl && r.dtype == dtype) rows.push_back(&r);
+  for (const Row* r : rows) {
+    bool same = true;
+    for (const std::string& d : fixed) same = same && r->dims.at(d) == q.at(d);
+    if (same) match.push_back(r);
+  }
+  if (match.empty()) {
+    // The stored combinations of the non-axis dims, nearest (in log distance) first.
+    std::map<std::vector<int64_t>, double> combos;
+    for (const Row* r : rows) {
+      std::vector<int64_t> key;
+      double dist = 0;
+      for (const std::string& d : fixed) {
+        key.push_back(r->dims.at(d));
+        dist += std::abs(std::log(double(r->dims.at(d)) / double(q.at(d))));
+      }
+      combos[key] = dist;
+    }
+    std::vector<std::pair<double, std::vector<int64_t>>> order;
+    for (const auto& [k, dist] : combos) order.push_back({dist, k});
+    std::sort(order.begin(), order.end());
+    std::vector<std::string> shown;
+    for (size_t i = 0; i < order.size() && i < 5; ++i) {
+      Dims d;
+      for (size_t j = 0; j < fixed.size(); ++j) d[fixed[j]] = order[i].second[j];
+      shown.push_back(detail::dims_text(d, fixed));
+    }
+    Dims asked;
+    for (const std::string& d : fixed) asked[d] = q.at(d);
+    out.why = fmt::format("no stored row with {} (nearest stored: {}{})", detail::dims_text(asked, fixed),
+                          join(shown, "; "), order.size() > shown.size() ? "; ..." : "");
+    return out;
+  }
+
+  // On two axes, an axis whose query value is stored may be held there, bracketing the other axis
+  // among the rows on that line only (a grid need not be rectangular). Every way is tried; the
+  // best answer wins: measured, then interpolated, then the least extrapolated.
+  std::vector<int> holds;
+  if (axes.size() == 2)
+    for (int a = 0; a < 2; ++a)
+      if (std::any_of(match.begin(), match.end(), [&](const Row* r) { return r->dims.at(axes[a]) == q.at(axes[a]); }))
+        holds.push_back(a);
+  holds.push_back(-1);
+  std::optional<Attempt> best;
+  std::vector<std::string> why;
+  for (int held : holds) {
+    Attempt a = answer_on_grid(t, op, impl, dtype, q, cost, match, held);
+    if (!a.ok) {
+      if (std::find(why.begin(), why.end(), a.why) == why.end()) why.push_back(a.why);
+    } else if (!best || a.answer.method < best->answer.method ||
+               (a.answer.method == best->answer.method && a.reach < best->reach)) {
+      best = a;
+    }
+  }
+  if (best) return *best;
+  out.why = join(why, "; ");
+  return out;
+}
+
+Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
+                       const Dims& q, const CostFn& cost, const std::vector<const Row*>& match, int held) {
+  Attempt out;
+  const std::vector<std::string>& axes = t.header.axes;
+  std::vector<Bracket> br(axes.size());
+  for (size_t a = 0; a < axes.size(); ++a) {
+    std::set<int64_t> values;
+    for (const Row* r : match)
+      if (held < 0 || size_t(held) == a || r->dims.at(axes[held]) == q.at(axes[held])) values.insert(r->dims.at(axes[a]));
+    std::vector<std::string> listed;
+    for (int64_t v : values) listed.push_back(std::to_string(v));
+    int64_t x = q.at(axes[a]);
+    Bracket& b = br[a];
+    int64_t first = *values.begin(), last = *values.rbegin();
+    if (values.count(x)) {
+      b.kind = Bracket::exact;
+      b.lo = b.hi = x;
+    } else if (x > first && x < last) {
+      b.kind = Bracket::inside;
+      b.hi = *values.upper_bound(x);
+      b.lo = *std::prev(values.lower_bound(x));
+    } else {
+      b.kind = Bracket::outside;
+      b.above = x > last;
+      b.lo = b.hi = b.above ? last : first;
+      b.ratio = b.above ? double(x) / double(last) : double(first) / double(x);
+      if (b.ratio > 4.0) {
+        std::string line = held >= 0 && size_t(held) != a ? fmt::format(" at {}={}", axes[held], q.at(axes[held])) : "";
+        out.why = fmt::format("{}={} is {:.1f}x {} the {} stored {}{} {} (at most 4x); stored {}{}: {}", axes[a], x,
+                              b.ratio, b.above ? "beyond" : "below", b.above ? "largest" : "smallest", axes[a], line,
+                              b.lo, axes[a], line, join(listed));
+        return out;
+      }
+      out.reach = std::max(out.reach, b.ratio);
+    }
+  }
+
+  // The stored corners around the (clamped) query point; every one must be there.
+  std::map<std::vector<int64_t>, const Row*> grid;
+  for (const Row* r : match) {
+    std::vector<int64_t> key;
+    for (const std::string& a : axes) key.push_back(r->dims.at(a));
+    grid[key] = r;
+  }
+  Dims clamped = q;
+  for (size_t a = 0; a < axes.size(); ++a)
+    if (br[a].kind == Bracket::outside) clamped[axes[a]] = br[a].lo;
+  double log_t = 0, log_e = 0, lin_e = 0;
+  bool energy = true, energy_positive = true;
+  const size_t corners = size_t(1) << axes.size();
+  for (size_t c = 0; c < corners; ++c) {
+    std::vector<int64_t> key;
+    double weight = 1;
+    bool used = true;
+    for (size_t a = 0; a < axes.size(); ++a) {
+      bool upper = (c >> a) & 1;
+      const Bracket& b = br[a];
+      if (b.kind != Bracket::inside) {
+        used = used && !upper;  // a single value on this axis: only the lower index counts
+        key.push_back(b.lo);
+        continue;
+      }
+      double w = detail::log_weight(double(b.lo), double(b.hi), double(q.at(axes[a])));
+      weight *= upper ? w : 1 - w;
+      key.push_back(upper ? b.hi : b.lo);
+    }
+    if (!used) continue;
+    auto it = grid.find(key);
+    if (it == grid.end()) {
+      Dims corner = clamped;
+      for (size_t a = 0; a < axes.size(); ++a) corner[axes[a]] = key[a];
+      out.why = fmt::format("the stored point {} needed to interpolate is missing", detail::dims_text(corner, t.dim_names));
+      return out;
+    }
+    const Row& r = *it->second;
+    log_t += weight * std::log(r.median_us);
+    if (r.energy_uj) {
+      energy_positive = energy_positive && *r.energy_uj > 0;
+      if (*r.energy_uj > 0) log_e += weight * std::log(*r.energy_uj);
+      lin_e += weight * *r.energy_uj;
+    } else {
+      energy = false;
+    }
+  }
+  Answer& ans = out.answer;
+  ans.impl = impl;
+  ans.us = std::exp(log_t);
+  if (energy) ans.energy_uj = energy_positive ? std::exp(log_e) : lin_e;
+  if (std::none_of(br.begin(), br.end(), [](const Bracket& b) { return b.kind == Bracket::inside; })) {
+    std::vector<int64_t> key;  // one stored point: its values as stored, not through exp(log())
+    for (const std::string& a : axes) key.push_back(clamped.at(a));
+    ans.us = grid.at(key)->median_us;
+    ans.energy_uj = grid.at(key)->energy_uj;
+  }
+
+  std::vector<std::string> inside, outside;
+  for (size_t a = 0; a < axes.size(); ++a) {
+    const Bracket& b = br[a];
+    if (b.kind == Bracket::inside) inside.push_back(fmt::format("{} between {} and {}", axes[a], b.lo, b.hi));
+    if (b.kind == Bracket::outside)
+      outside.push_back(fmt::format("{} from {} ({:.1f}x {})", axes[a], b.lo, b.ratio, b.above ? "beyond" : "below"));
+  }
+  std::string how;
+  if (!inside.empty()) how = (inside.size() == 2 ? "bilinear in " : "interpolated in ") + join(inside, " and ");
+  ans.method = inside.empty() ? Method::measured : Method::interpolated;
+  if (!outside.empty()) {
+    Cost at_stored, at_query;
+    try {
+      at_stored = cost(op, dtype, clamped);
+      at_query = cost(op, dtype, q);
+    } catch (const std::exception& e) {
+      out.why = fmt::format("cannot extrapolate in {}: the cost model failed: {}", join(outside, " and "), e.what());
+      return out;
+    }
+    double roof_stored = roofline_us(at_stored, t.header), roof_query = roofline_us(at_query, t.header);
+    if (!(roof_stored > 0 && roof_query > 0 && std::isfinite(roof_stored) && std::isfinite(roof_query))) {
+      out.why = fmt::format("cannot extrapolate in {}: the cost model gives no bytes or flops", join(outside, " and "));
+      return out;
+    }
+    double fraction = roof_stored / ans.us;
+    double scale = roof_query / roof_stored;
+    ans.us *= scale;
+    if (ans.energy_uj) *ans.energy_uj *= scale;
+    how += fmt::format("{}extrapolated in {}, roofline fraction {:.2f} held", how.empty() ? "" : ", ",
+                       join(outside, " and "), fraction);
+    ans.method = Method::extrapolated;
+  }
+  ans.how = how.empty() ? "measured" : how;
+  out.ok = true;
+  return out;
+}
+
+}  // namespace
+
+std::string Database::resolve_root(const std::string& root) {
+  if (!root.empty()) return perf_folder_of(root).string();
+  if (const char* env = std::getenv("OPFORGE_PERF_DATA"); env && *env) return perf_folder_of(env).string();
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && exe.has_parent_path())
+    if (auto p = find_upwards(exe.parent_path())) return p->string();
+  fs::path cwd = fs::current_path(ec);
+  if (!ec)
+    if (auto p = find_upwards(cwd)) return p->string();
+  return OPFORGE_PERF_DATA_DIR;
+}
+
+std::vector<std::string> Database::systems(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  fs::path dir = resolve_root(root);
+  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory(ec)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Database Database::load(const std::string& system, const std::string& root) {
+  std::string base = resolve_root(root);
+  std::error_code ec;
+  fs::path dir = fs::path(base) / system;
+  bool plain_name = !system.empty() && system.find('/') == std::string::npos && system != "." && system != "..";
+  if (!plain_name || base.empty() || !fs::is_directory(dir, ec))
+    throw PerfDataNotAvailable(fmt::format("no performance data for system '{}' under '{}' (systems there: {})",
+                                           system, base.empty() ? "(no data folder found)" : base,
+                                           join(systems(base))));
+  Database db;
+  db.system_ = system;
+  db.folder_ = dir.string();
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec) && e.path().extension() == ".csv") files.push_back(e.path());
+  if (ec) throw Error(ErrorCode::io, fmt::format("{}: cannot list: {}", dir.string(), ec.message()));
+  std::sort(files.begin(), files.end());
+  for (const fs::path& p : files) {
+    OpTable t = read_table(p.string());
+    if (t.header.system != system)
+      throw Error(ErrorCode::parse, fmt::format("{}:{}: system '{}' but the file lies in the folder of system '{}'",
+                                                p.string(), header_line(p.string(), "system"), t.header.system, system));
+    if (t.header.op != p.stem().string())
+      throw Error(ErrorCode::parse, fmt::format("{}:{}: op '{}' but the file is named for op '{}'", p.string(),
+                                                header_line(p.string(), "op"), t.header.op, p.stem().string()));
+    db.tables_.emplace(t.header.op, std::move(t));
+  }
+  return db;
+}
+
+const OpTable& Database::table(const std::string& op) const {
+  auto it = tables_.find(op);
+  if (it == tables_.end())
+    throw PerfDataNotAvailable(fmt::format("no performance data for op '{}' on system '{}' (ops measured there: {})",
+                                           op, system_, join(ops())));
+  return it->second;
+}
+
+std::vector<std::string> Database::ops() const {
+  std::vector<std::string> out;
+  for (const auto& [op, t] : tables_) out.push_back(op);
+  return out;
+}
+
+Answer Database::query(const std::string& op, const std::string& impl, const std::string& dtype,
+                       const Dims& dims) const {
+  auto found = tables_.find(op);
+  if (found == tables_.end())
+    throw PerfDataNotAvailable(fmt::format("no performance data for op '{}' (system '{}', impl '{}', dtype '{}'): "
+                                           "never measured there (ops measured: {})",
+                                           op, system_, impl, dtype, join(ops())));
+  const OpTable& t = found->second;
+  // The query must name the table's dims: a different set is data this table does not hold.
+  for (const std::string& d : t.dim_names)
+    if (!dims.count(d))
+      throw PerfDataNotAvailable(fmt::format("no performance data for {} (system '{}') without dim '{}': the stored "
+                                             "dims are {}, the query gives {}",
+                                             op, system_, d, join(t.dim_names), detail::dims_text(dims, t.dim_names)));
+  for (const auto& [d, v] : dims) {
+    if (std::find(t.dim_names.begin(), t.dim_names.end(), d) == t.dim_names.end())
+      throw PerfDataNotAvailable(fmt::format("no performance data for {} (system '{}') by dim '{}': the stored dims "
+                                             "are {}", op, system_, d, join(t.dim_names)));
+    if (v <= 0)
+      throw Error(ErrorCode::invalid_argument, fmt::format("perfdb query of {}: dim {}={} is not > 0", op, d, v));
+  }
+  const std::string dt = canonical_dtype(dtype);
+  std::set<std::string> impls, impls_in_dtype, dtypes, dtypes_of_impl;
+  for (const Row& r : t.rows) {
+    impls.insert(r.impl);
+    dtypes.insert(r.dtype);
+    if (r.dtype == dt) impls_in_dtype.insert(r.impl);
+    if (r.impl == impl) dtypes_of_impl.insert(r.dtype);
+  }
+  std::vector<std::string> candidates;
+  if (impl == "auto") {
+    if (impls_in_dtype.empty())
+      throw PerfDataNotAvailable(fmt::format("no performance data for {} in dtype '{}' on system '{}' (dtypes measured: {})",
+                                             op, dtype, system_, join_set(dtypes)));
+    candidates.assign(impls_in_dtype.begin(), impls_in_dtype.end());
+  } else {
+    if (!impls.count(impl))
+      throw PerfDataNotAvailable(fmt::format("no performance data for {} impl '{}' on system '{}' (impls measured: {})",
+                                             op, impl, system_, join_set(impls)));
+    if (!impls_in_dtype.count(impl))
+      throw PerfDataNotAvailable(fmt::format("no performance data for {} impl '{}' in dtype '{}' on system '{}' "
+                                             "(dtypes measured for {}: {})",
+                                             op, impl, dtype, system_, impl, join_set(dtypes_of_impl)));
+    candidates.push_back(impl);
+  }
+  const CostFn& cost = cost_ ? cost_ : CostFn(cost_at);
+  std::optional<Answer> best;
+  std::vector<std::string> why;
+  for (const std::string& c : candidates) {
+    Attempt a = answer_impl(t, op, c, dt, dims, cost);
+    if (!a.ok) {
+      why.push_back(candidates.size() > 1 ? c + ": " + a.why : a.why);
+    } else if (!best || a.answer.us < best->us) {
+      best = a.answer;
+    }
+  }
+  if (best) return *best;
+  throw PerfDataNotAvailable(fmt::format("no performance data for {} (system '{}', impl '{}', dtype '{}') at {}: {}", op,
+                                         system_, impl, dtype, detail::dims_text(dims, t.dim_names), join(why, "; ")));
+}
+
+}  // namespace opforge::perfdb
