@@ -15,6 +15,8 @@
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
+#include "ops/embedding/embedding_cuda.h"
+#include "ops/linear/linear_cuda.h"
 #include "ops/rotary/rotary_cuda.h"
 #include "ops/routing/routing_cuda.h"
 #endif
@@ -41,6 +43,8 @@ void register_all(Registry& reg) {
   register_activation_cuda(reg);
   register_rotary_cuda(reg);
   register_routing_cuda(reg);
+  register_linear_cuda(reg);
+  register_embedding_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif
