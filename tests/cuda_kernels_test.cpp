@@ -50,6 +50,8 @@ TEST(CudaProbe, AnswersWithAReasonOrADevice) {
 }
 
 #include "ops/activation/activation_cuda.h"
+#include "ops/embedding/embedding_cuda.h"
+#include "ops/linear/linear_cuda.h"
 #include "ops/norm/norm_cuda.h"
 
 namespace {
@@ -435,6 +437,95 @@ TEST(CudaKernels, RmsNormInPlaceBeyond2Pow31Elements) {
     Buf want = as_buf(Tensor::empty(Shape{4, hidden}, DType::bf16));
     rms_norm_reference(kCpuCtx, want.host.view(), xs, w.host_view(), 1e-6, 0.0);
     expect_close(as_buf(rows_to_host(x, first, 4)), want, "rms_norm in place rows from " + std::to_string(first));
+  }
+}
+
+// ---- linear --------------------------------------------------------------------------------------
+// cuBLASLt and the tiled kernel on odd sizes, padded rows and bases misaligned by one element (the
+// MIN_ALIGNMENT preferences must steer the heuristic to an algorithm that handles them); the
+// padding of y stays NaN. Two calls give the same bits (the algorithm is cached per shape).
+struct LinearShape {
+  int64_t m, n, k, pad, offset;
+  bool bias;
+};
+const LinearShape kLinearShapes[] = {{4, 32, 64, 0, 0, true},  {7, 5, 33, 0, 0, false}, {3, 9, 67, 3, 1, true},
+                                     {1, 1, 1, 0, 0, true},    {5, 3, 0, 0, 0, true},   {17, 257, 129, 5, 1, true},
+                                     {64, 96, 4096, 0, 0, false}};
+
+void check_linear(DType t, const LinearShape& s, bool cublaslt) {
+  Buf x = make_buf(s.m, s.k, t, Fill::normal_outliers, 21, s.pad, s.offset);
+  Buf w = make_buf(s.n, s.k, t, Fill::normal_outliers, 22, s.pad, s.offset);
+  Buf b = make_buf(-1, s.n, t, Fill::normal_outliers, 23);
+  Buf y = make_buf(s.m, s.n, t, Fill::nan, 24, s.pad, s.offset);
+  Buf want = poisoned_like(y);
+  const TensorView none;
+  linear_reference(kCpuCtx, want.host_view(), x.host_view(), w.host_view(), s.bias ? b.host_view() : none);
+  auto run = [&] {
+    (cublaslt ? linear_cuda_cublaslt : linear_cuda)(kGpuCtx, y.dev_view(), x.dev_view(), w.dev_view(),
+                                                    s.bias ? b.dev_view() : none);
+  };
+  run();
+  y.download();
+  const std::string what = std::string(cublaslt ? "linear_cuda_cublaslt " : "linear_cuda ") + dtype_name(t) +
+                           " m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " +
+                           std::to_string(s.k) + " pad " + std::to_string(s.pad) + " offset " +
+                           std::to_string(s.offset);
+  // f32 sums of k products in another order than the reference's double sum.
+  expect_close(y, want, what, t == DType::f32 ? 1e-4 * std::sqrt(double(std::max<int64_t>(s.k, 1))) : 0);
+  const Tensor first = Tensor::copy_of(y.host.view(), Device::cpu(), t);
+  run();
+  y.download();
+  EXPECT_EQ(std::memcmp(first.data(), y.host.data(), size_t(y.host.view().numel() * dtype_size(t))), 0)
+      << what << ": two calls differ";
+}
+
+// Two tests, so that scripts/gpu-check.sh can leave the cuBLASLt one out of racecheck (which
+// reports shared-memory hazards inside cuBLAS's own split-K kernels, code opforge cannot change).
+TEST(CudaKernels, LinearCublasLtMatchesReference) {
+  REQUIRE_CUDA();
+  for (DType t : kDTypes)
+    for (const LinearShape& s : kLinearShapes) check_linear(t, s, true);
+}
+TEST(CudaKernels, LinearTiledMatchesReference) {
+  REQUIRE_CUDA();
+  for (DType t : kDTypes)
+    for (const LinearShape& s : kLinearShapes) check_linear(t, s, false);
+}
+
+// ---- embedding -----------------------------------------------------------------------------------
+// Device ids are not range-checked by the op's check: an id outside [0, vocab) gives a row of zeros
+// in the forward and no contribution in the backward, and nothing is read or written out of bounds.
+TEST(CudaKernels, EmbeddingIdsOutOfRangeOnTheDevice) {
+  REQUIRE_CUDA();
+  const int64_t vocab = 5, dim = 16, tokens = 6;
+  const int64_t ids_host[tokens] = {1, -3, 4, 7, 1, 2};
+  Tensor ids_cpu = Tensor::empty(Shape{tokens}, DType::i64);
+  std::memcpy(ids_cpu.data(), ids_host, sizeof(ids_host));
+  Tensor ids = Tensor::copy_of(ids_cpu.view(), kGpu, DType::i64);
+  for (DType t : kDTypes) {
+    Buf w = make_buf(vocab, dim, t, Fill::normal_outliers, 31);
+    Buf y = make_buf(tokens, dim, t, Fill::nan, 32);
+    for (bool vec : {true, false}) {
+      (vec ? embedding_cuda_vec16 : embedding_cuda)(kGpuCtx, y.dev_view(), ids.view(), w.dev_view(), -1);
+      y.download();
+      for (int64_t i = 0; i < tokens; ++i)
+        for (int64_t c = 0; c < dim; ++c) {
+          const int64_t id = ids_host[i];
+          const double want = id >= 0 && id < vocab ? w.at(id, c) : 0.0;
+          ASSERT_EQ(y.at(i, c), want) << dtype_name(t) << " token " << i << " col " << c;
+        }
+      Buf dy = make_buf(tokens, dim, t, Fill::normal_outliers, 33);
+      Buf dw = make_buf(vocab, dim, t, Fill::nan, 34);
+      (vec ? embedding_backward_cuda_vec16 : embedding_backward_cuda)(kGpuCtx, dw.dev_view(), dy.dev_view(),
+                                                                      ids.view(), w.dev_view(), -1);
+      dw.download();
+      for (int64_t c = 0; c < dim; ++c) {
+        EXPECT_EQ(dw.at(0, c), 0.0);
+        EXPECT_EQ(dw.at(3, c), 0.0);
+        EXPECT_NEAR(dw.at(4, c), dy.at(2, c), 0.0);
+        EXPECT_NEAR(dw.at(1, c), dy.at(0, c) + dy.at(4, c), 0.02 * (1 + std::fabs(dy.at(0, c) + dy.at(4, c))));
+      }
+    }
   }
 }
 

@@ -23,4 +23,8 @@ const char* silu_and_mul_backward_cuda_vec16_applicable(const TensorView& dx,
                                                         const TensorView& dy,
                                                         const TensorView& x);
 
+// gelu_and_mul, mul_and_silu, fatrelu_and_mul and their backward ops (cuda_gated.cu); called by
+// register_activation_cuda.
+void register_gated_activation_cuda(Registry& reg);
+
 }  // namespace opforge

@@ -179,6 +179,7 @@ void register_activation_cuda(Registry& reg) {
   reg.add_kernel<SiluAndMulBackward>(cuda_kernel_desc("cuda", 100, scalar, false),
                                      &silu_and_mul_backward_cuda,
                                      &silu_and_mul_backward_cuda_applicable);
+  register_gated_activation_cuda(reg);
 }
 
 }  // namespace opforge

@@ -5,6 +5,7 @@
 
 #include "opforge/checks.h"
 #include "opforge/error.h"
+#include "opforge/tensor.h"
 #include "ops/attention/internal.h"
 
 namespace opforge {
@@ -14,6 +15,10 @@ double attention_scale(double softmax_scale, int64_t head_dim) {
 }
 
 std::vector<int64_t> index_values(const TensorView& t) {
+  if (!t.device.is_cpu()) {  // a copy to the host: for cost models, never a kernel's hot path
+    const Tensor host = Tensor::copy_of(t, Device::cpu(), t.dtype);
+    return index_values(host.view());
+  }
   std::vector<int64_t> out(size_t(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) {
     const char* p = static_cast<const char*>(t.data) + i * t.stride(0) * t.itemsize();
@@ -53,15 +58,17 @@ void expect_like(const char* op, const char* arg, const TensorView& t, const cha
   expect_same_device(op, arg, t, ref_arg, ref);
 }
 
-// A 1-D int32 or int64 tensor on the host (its values are read by the check).
+// A 1-D int32 or int64 tensor on the host (its values are read by the check), or on q's device
+// when `allow_device` (the check then leaves its values to the kernel: reading them would
+// synchronize).
 void expect_index_vector(const char* op, const char* arg, const TensorView& t, const TensorView& q,
-                         bool allow_i64) {
+                         bool allow_i64, bool allow_device = false) {
   expect_defined(op, arg, t);
   if (t.dtype != DType::i32 && !(allow_i64 && t.dtype == DType::i64))
     throw_argument_error(op, arg, allow_i64 ? "dtype i32 or i64" : "dtype i32", dtype_name(t.dtype));
   if (t.ndim != 1) throw_argument_error(op, arg, "1 dim", str(t.ndim) + " dims");
   expect_same_device(op, arg, t, "q", q);
-  if (!t.device.is_cpu()) throw_argument_error(op, arg, "a tensor on the cpu", t.device.str());
+  if (!allow_device && !t.device.is_cpu()) throw_argument_error(op, arg, "a tensor on the cpu", t.device.str());
 }
 
 void check_cu_seqlens(const char* op, const TensorView& cu, const TensorView& q) {
@@ -177,9 +184,9 @@ void AttentionDecode::check(const TensorView& out, const TensorView& q, const Te
                          "kv heads >= 1 dividing the " + str(q.size(1)) + " query heads",
                          str(kv_heads) + " kv heads");
   expect_like(name, "v_cache", v_cache, "k_cache", k_cache);
-  expect_index_vector(name, "seq_lens", seq_lens, q, false);
+  expect_index_vector(name, "seq_lens", seq_lens, q, false, true);
   expect_shape(name, "seq_lens", seq_lens, Shape{q.size(0)});
-  const std::vector<int64_t> lens = index_values(seq_lens);
+  const std::vector<int64_t> lens = seq_lens.device.is_cpu() ? index_values(seq_lens) : std::vector<int64_t>{};
   const int64_t max_ctx = k_cache.size(1);
   for (size_t b = 0; b < lens.size(); ++b)
     if (lens[b] < 0 || lens[b] > max_ctx)

@@ -108,7 +108,8 @@ struct AttentionDecode {
   static constexpr const char* doc =
       "One query token per sequence against a contiguous KV cache. q: [B, Hq, D]; k_cache, "
       "v_cache: [B, max_ctx, Hkv, D], Hq a multiple of Hkv; seq_lens: int32 [B], 0 <= seq_lens[b] "
-      "<= max_ctx. out[b, h] = sum_{j < seq_lens[b]} softmax_j(scale * q[b,h] . k_cache[b,j,g]) "
+      "<= max_ctx (checked when seq_lens is on the cpu; on a CUDA device it sits beside q and the "
+      "kernel clamps each length to [0, max_ctx]). out[b, h] = sum_{j < seq_lens[b]} softmax_j(scale * q[b,h] . k_cache[b,j,g]) "
       "v_cache[b,j,g] with g = h / (Hq / Hkv); scale as in attention_prefill (Note [softmax "
       "scale]). A sequence of length 0 gives out = 0. Cache rows at or past seq_lens[b] are never "
       "read. Accumulates in f32 (f64 for f64). vLLM's decode reads a paged cache through block "

@@ -43,7 +43,8 @@ struct EmbeddingBackward {
   static constexpr const char* doc =
       "dw[v, :] = sum of dy[i, :] over the tokens i with ids[i] == v, in token order; the row "
       "of padding_idx (when not -1) and rows no token uses are 0. w is read for its shape and "
-      "dtype only. Deterministic: each vocab row is summed in f32 by one thread in increasing "
+      "dtype only. Ids out of range (possible only on a device) contribute nothing. "
+      "Deterministic: each vocab row is summed in f32 by one thread in increasing "
       "token order (Liger's embedding uses atomic adds, whose order varies run to run).";
   static void check(const TensorView& dw, const TensorView& dy, const TensorView& ids,
                     const TensorView& w, int64_t padding_idx);

@@ -344,6 +344,7 @@ void register_norm_cuda(Registry& reg) {
   reg.add_kernel<FusedAddRmsNormBackward>(
       bwd_desc("cuda", 100, bwd_scalar_summary), &fused_add_rms_norm_backward_cuda,
       &fused_add_rms_norm_backward_cuda_applicable);
+  register_gemma_norm_cuda(reg);
 }
 
 }  // namespace opforge

@@ -70,4 +70,7 @@ const char* fused_add_rms_norm_backward_cuda_vec16_applicable(
     const TensorView& ds, const TensorView& x, const TensorView& residual, const TensorView& w,
     double eps, double offset);
 
+// ---- Gemma's RMSNorm ops (cuda_gemma.cu): the kernels above with offset = 1 ----
+void register_gemma_norm_cuda(Registry& reg);
+
 }  // namespace opforge

@@ -11,7 +11,11 @@ namespace opforge {
 inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "rms_norm",         "rms_norm_backward",          "fused_add_rms_norm", "fused_add_rms_norm_backward",
     "silu_and_mul",     "silu_and_mul_backward",      "rotary_embedding",   "rotary_embedding_backward",
-    "topk_softmax",     "grouped_topk",
+    "topk_softmax",     "grouped_topk",               "linear",
+    "gemma_rms_norm",   "gemma_rms_norm_backward",    "gemma_fused_add_rms_norm",
+    "gemma_fused_add_rms_norm_backward",                "gelu_and_mul",       "gelu_and_mul_backward",
+    "mul_and_silu",     "mul_and_silu_backward",      "fatrelu_and_mul",    "fatrelu_and_mul_backward",
+    "embedding",        "embedding_backward",         "attention_decode",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
 };

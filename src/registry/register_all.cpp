@@ -15,6 +15,9 @@
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
+#include "ops/attention/attention_cuda.h"
+#include "ops/embedding/embedding_cuda.h"
+#include "ops/linear/linear_cuda.h"
 #include "ops/rotary/rotary_cuda.h"
 #include "ops/routing/routing_cuda.h"
 #include "ops/softmax/softmax_cuda.h"
@@ -45,6 +48,9 @@ void register_all(Registry& reg) {
   register_routing_cuda(reg);
   register_softmax_cuda(reg);
   register_loss_cuda(reg);
+  register_linear_cuda(reg);
+  register_embedding_cuda(reg);
+  register_attention_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif

@@ -1,0 +1,271 @@
+// CUDA kernels of the embedding family: embedding (a row gather) and its deterministic backward.
+//
+// Ids on a CUDA device are not range-checked by Embedding::check (reading them would synchronize
+// with the host); the kernels never read or write out of bounds for them: the forward writes a row
+// of zeros for an id outside [0, vocab), the backward skips such tokens.
+//
+// Forward technique. A pure copy: ids read once, one row of w and of y per token, no flops.
+//  - cuda_vec16 (priority 200): 16-byte packs (LDG.128 / STG.128) of each row, for 16-byte aligned
+//    bases with dim and both row strides multiples of the pack (8 bf16/f16, 4 f32); the predicate
+//    names what fails. dim 4096 bf16 is 512 packs: 256 threads take two per row.
+//  - cuda (priority 100): the same walk over single elements (any layout the check accepts: odd
+//    dims, padded rows) — the scalar tail of every layout the vec16 kernel refuses.
+//  Launch shape: 2-D blocks of 256 threads, x over column units of a row (a power of two up to 256),
+//  y over tokens, so short rows share a block; grid y capped at 65535 with a token stride loop.
+//  int64 offsets (id * w_stride, token * y_stride). One launch on the Context's stream, no host
+//  synchronization, no allocation.
+//
+// Backward technique (deterministic: dw[v] sums dy rows in increasing token order, in f32):
+//   1. keys[i] = ids[i] (vocab for an id out of range), vals[i] = i, and dw is zeroed (one kernel
+//      per step, grid-stride);
+//   2. cub::DeviceRadixSort::SortPairs over the key bits needed for vocab: a stable LSD radix
+//      sort, so equal ids keep increasing token order, and its result does not depend on timing;
+//   3. one block per run of equal keys (found at its first position): threads split the columns
+//      (16-byte packs when the vec16 predicate holds, else single elements), each sums its columns
+//      over the run's tokens in order in f32 and writes the row once; runs of padding_idx or of
+//      out-of-range ids are skipped (their rows stay zero).
+//   Scratch (keys, values, CUB's temporary storage) is the backend's per-stream workspace (Note
+//   [cuda workspace]): allocated on the first call of a size, reused after; no host sync after.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/embedding/embedding_cuda.h"
+
+namespace opforge {
+namespace cuda::embedding {
+namespace {
+
+int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
+
+template <class I> __device__ __forceinline__ int64_t id_of(const I* ids, int64_t i) { return int64_t(ids[i]); }
+
+// ---- forward -------------------------------------------------------------------------------------
+template <class T, class I> struct FwdArgs {
+  T* y;
+  const T* w;
+  const I* ids;
+  int64_t y_stride, w_stride, tokens, dim, vocab;
+};
+
+template <class T, class I, bool kVec> __global__ void __launch_bounds__(256) gather_kernel(FwdArgs<T, I> p) {
+  constexpr int64_t width = kVec ? Pack<T>::n : 1;
+  const int64_t units = p.dim / width;
+  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= units) return;
+  const int64_t step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t t = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; t < p.tokens; t += step) {
+    const int64_t id = id_of(p.ids, t);
+    const bool ok = id >= 0 && id < p.vocab;
+    T* dst = p.y + t * p.y_stride + u * width;
+    const T* src = p.w + (ok ? id : 0) * p.w_stride + u * width;
+    if constexpr (kVec) {
+      if (ok) {
+        store_pack(dst, load_pack_readonly(src));
+      } else {
+        Pack<T> z;
+#pragma unroll
+        for (int j = 0; j < Pack<T>::n; ++j) z.v[j] = from_f32<T>(0.0f);
+        store_pack(dst, z);
+      }
+    } else {
+      *dst = ok ? *src : from_f32<T>(0.0f);
+    }
+  }
+}
+
+template <bool kVec>
+void run_forward(const Context& ctx, const TensorView& y, const TensorView& ids, const TensorView& w) {
+  const int64_t tokens = ids.numel(), dim = w.size(1);
+  if (tokens == 0 || dim == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(w.dtype, "embedding", [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto id_tag) {
+      using I = decltype(id_tag);
+      FwdArgs<T, I> p{y.ptr<T>(), w.ptr<T>(), static_cast<const I*>(ids.data), row_stride_of(y),
+                      row_stride_of(w), tokens, dim, w.size(0)};
+      const int64_t units = dim / (kVec ? Pack<T>::n : 1);
+      int bx = 1;
+      while (bx < units && bx < 256) bx *= 2;
+      const int by = 256 / bx;
+      const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(std::min<int64_t>((tokens + by - 1) / by, 65535)));
+      gather_kernel<T, I, kVec><<<grid, dim3(bx, by), 0, stream_of(ctx)>>>(p);
+      check_launch("embedding kernel launch");
+    };
+    if (ids.dtype == DType::i32) launch(int32_t{});
+    else launch(int64_t{});
+  });
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+template <class I>
+__global__ void keys_kernel(const I* ids, int64_t tokens, int64_t vocab, int32_t* keys, int32_t* vals) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < tokens; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t id = int64_t(ids[i]);
+    keys[i] = int32_t(id >= 0 && id < vocab ? id : vocab);
+    vals[i] = int32_t(i);
+  }
+}
+
+template <class T> __global__ void zero_rows_kernel(T* dw, int64_t stride, int64_t rows, int64_t dim) {
+  const int64_t n = rows * dim;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    dw[(e / dim) * stride + e % dim] = from_f32<T>(0.0f);
+}
+
+template <class T> struct BwdArgs {
+  T* dw;
+  const T* dy;
+  const int32_t* keys;  // sorted ids
+  const int32_t* vals;  // token of each sorted position
+  int64_t dw_stride, dy_stride, tokens, dim, vocab, padding_idx;
+};
+
+// One block per sorted position that starts a run of equal keys.
+template <class T, bool kVec> __global__ void __launch_bounds__(256) reduce_runs_kernel(BwdArgs<T> p) {
+  constexpr int N = kVec ? Pack<T>::n : 1;
+  for (int64_t s = blockIdx.x; s < p.tokens; s += gridDim.x) {
+    const int32_t key = p.keys[s];
+    if (s > 0 && p.keys[s - 1] == key) continue;      // not the start of a run
+    if (key >= p.vocab || key == p.padding_idx) continue;  // out of range, or no gradient
+    int64_t end = s + 1;
+    while (end < p.tokens && p.keys[end] == key) ++end;
+    T* row = p.dw + int64_t(key) * p.dw_stride;
+    for (int64_t c = int64_t(threadIdx.x) * N; c < p.dim; c += int64_t(blockDim.x) * N) {
+      float acc[N] = {};
+      for (int64_t i = s; i < end; ++i) {
+        const T* src = p.dy + int64_t(p.vals[i]) * p.dy_stride + c;
+        if constexpr (kVec) {
+          const Pack<T> v = load_pack(src);
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc[j] += to_f32(v.v[j]);
+        } else {
+          acc[0] += to_f32(*src);
+        }
+      }
+      if constexpr (kVec) {
+        Pack<T> out;
+#pragma unroll
+        for (int j = 0; j < N; ++j) out.v[j] = from_f32<T>(acc[j]);
+        store_pack(row + c, out);
+      } else {
+        row[c] = from_f32<T>(acc[0]);
+      }
+    }
+  }
+}
+
+int end_bit_for(int64_t vocab) {  // keys are in [0, vocab]
+  int bits = 1;
+  while (bits < 31 && (int64_t(1) << bits) <= vocab) ++bits;
+  return bits;
+}
+
+int64_t align_up(int64_t n) { return (n + 255) / 256 * 256; }
+
+template <bool kVec>
+void run_backward(const Context& ctx, const TensorView& dw, const TensorView& dy, const TensorView& ids,
+                  const TensorView& w, int64_t padding_idx) {
+  const int64_t tokens = ids.numel(), vocab = w.size(0), dim = w.size(1);
+  if (vocab == 0 || dim == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  const cudaStream_t stream = stream_of(ctx);
+  const unsigned sms = unsigned(cuda_device_props(ctx.device.index).sm_count);
+  dispatch_float(w.dtype, "embedding_backward", [&](auto tag) {
+    using T = decltype(tag);
+    T* dw_p = dw.ptr<T>();
+    const int64_t dw_stride = row_stride_of(dw);
+    zero_rows_kernel<T><<<std::min(grid_for(vocab * dim, 256), sms * 8), 256, 0, stream>>>(dw_p, dw_stride, vocab, dim);
+    check_launch("embedding_backward zero kernel launch");
+    if (tokens == 0) return;
+    // Scratch: keys, values, sorted keys, sorted values, CUB's temporary storage.
+    size_t cub_bytes = 0;
+    OPFORGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, static_cast<const int32_t*>(nullptr),
+                                                       static_cast<int32_t*>(nullptr),
+                                                       static_cast<const int32_t*>(nullptr),
+                                                       static_cast<int32_t*>(nullptr), int(tokens), 0,
+                                                       end_bit_for(vocab), stream));
+    const int64_t part = align_up(tokens * int64_t(sizeof(int32_t)));
+    char* scratch = static_cast<char*>(cuda_workspace(ctx, 4 * part + int64_t(cub_bytes)));
+    auto* keys = reinterpret_cast<int32_t*>(scratch);
+    auto* vals = reinterpret_cast<int32_t*>(scratch + part);
+    auto* sorted_keys = reinterpret_cast<int32_t*>(scratch + 2 * part);
+    auto* sorted_vals = reinterpret_cast<int32_t*>(scratch + 3 * part);
+    const unsigned key_grid = std::min(grid_for(tokens, 256), sms * 8);
+    if (ids.dtype == DType::i32)
+      keys_kernel<<<key_grid, 256, 0, stream>>>(static_cast<const int32_t*>(ids.data), tokens, vocab, keys, vals);
+    else
+      keys_kernel<<<key_grid, 256, 0, stream>>>(static_cast<const int64_t*>(ids.data), tokens, vocab, keys, vals);
+    check_launch("embedding_backward keys kernel launch");
+    OPFORGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch + 4 * part, cub_bytes, keys, sorted_keys, vals,
+                                                       sorted_vals, int(tokens), 0, end_bit_for(vocab), stream));
+    BwdArgs<T> p{dw_p, dy.ptr<T>(), sorted_keys, sorted_vals, dw_stride, row_stride_of(dy), tokens, dim, vocab,
+                 padding_idx};
+    const int64_t units = dim / (kVec ? Pack<T>::n : 1);
+    const int block = int(std::min<int64_t>(256, std::max<int64_t>(32, (units + 31) / 32 * 32)));
+    reduce_runs_kernel<T, kVec><<<std::min(grid_for(tokens, 1), sms * 16), block, 0, stream>>>(p);
+    check_launch("embedding_backward reduce kernel launch");
+  });
+}
+
+const char* vec16_problem(std::initializer_list<const TensorView*> rows, const TensorView& w) {
+  if (!is_cuda_float(w.dtype)) return kNotCudaFloat;
+  const int64_t dim = w.size(1);
+  for (const TensorView* t : rows)
+    if (const char* why = pack_rows_problem(*t, dim)) return why;
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cuda::embedding
+
+using TV = TensorView;
+
+void embedding_cuda(const Context& ctx, const TV& y, const TV& ids, const TV& w, int64_t) {
+  cuda::embedding::run_forward<false>(ctx, y, ids, w);
+}
+const char* embedding_cuda_applicable(const TV&, const TV&, const TV& w, int64_t) {
+  return cuda::is_cuda_float(w.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+void embedding_cuda_vec16(const Context& ctx, const TV& y, const TV& ids, const TV& w, int64_t) {
+  cuda::embedding::run_forward<true>(ctx, y, ids, w);
+}
+const char* embedding_cuda_vec16_applicable(const TV& y, const TV&, const TV& w, int64_t) {
+  return cuda::embedding::vec16_problem({&y, &w}, w);
+}
+
+void embedding_backward_cuda(const Context& ctx, const TV& dw, const TV& dy, const TV& ids, const TV& w,
+                             int64_t padding_idx) {
+  cuda::embedding::run_backward<false>(ctx, dw, dy, ids, w, padding_idx);
+}
+const char* embedding_backward_cuda_applicable(const TV&, const TV&, const TV& ids, const TV& w, int64_t) {
+  if (!cuda::is_cuda_float(w.dtype)) return cuda::kNotCudaFloat;
+  if (ids.numel() > 0x7fffffff || w.size(0) >= 0x7fffffff) return "more than 2^31 - 1 tokens or vocab rows";
+  return nullptr;
+}
+void embedding_backward_cuda_vec16(const Context& ctx, const TV& dw, const TV& dy, const TV& ids,
+                                   const TV& w, int64_t padding_idx) {
+  cuda::embedding::run_backward<true>(ctx, dw, dy, ids, w, padding_idx);
+}
+const char* embedding_backward_cuda_vec16_applicable(const TV& dw, const TV& dy, const TV& ids,
+                                                     const TV& w, int64_t padding_idx) {
+  if (const char* why = embedding_backward_cuda_applicable(dw, dy, ids, w, padding_idx)) return why;
+  return cuda::embedding::vec16_problem({&dw, &dy}, w);
+}
+
+void register_embedding_cuda(Registry& reg) {
+  reg.add_kernel<Embedding>(
+      cuda_kernel_desc("cuda_vec16", 200, "row gather in 16-byte packs, zeros for an out-of-range id", false),
+      &embedding_cuda_vec16, &embedding_cuda_vec16_applicable);
+  reg.add_kernel<Embedding>(cuda_kernel_desc("cuda", 100, "any layout: row gather, one element per step", false),
+                            &embedding_cuda, &embedding_cuda_applicable);
+  const char* bwd = "stable radix sort of ids (CUB), one block per id sums its dy rows in token order in f32";
+  reg.add_kernel<EmbeddingBackward>(cuda_kernel_desc("cuda_vec16", 200, bwd, false),
+                                    &embedding_backward_cuda_vec16, &embedding_backward_cuda_vec16_applicable);
+  reg.add_kernel<EmbeddingBackward>(cuda_kernel_desc("cuda", 100, bwd, false), &embedding_backward_cuda,
+                                    &embedding_backward_cuda_applicable);
+}
+
+}  // namespace opforge

@@ -1,0 +1,302 @@
+// CUDA kernels of linear: y = x @ w^T + b.
+//
+// Technique.
+//  - cuda_cublaslt (priority 200): one cuBLASLt matmul. In cuBLAS's column-major terms the
+//    row-major y [M, N] is D = N x M with ld = y's row stride, D = op(A) * B with A = w seen as a
+//    K x N column-major matrix (ld = w's row stride) transposed, and B = x seen as K x M (ld = x's
+//    row stride): the "TN" layout, so padded rows of x, w and y are passed as leading dimensions and
+//    nothing is copied. Compute type CUBLAS_COMPUTE_32F with f32 scale for every dtype (f32
+//    accumulation; true f32 for f32 inputs, never TF32); the bias goes through the
+//    CUBLASLT_EPILOGUE_BIAS epilogue, added in f32 before the one rounding to the output dtype,
+//    as the op's doc asks. Odd sizes (K, N or a row stride not a multiple of 8) are legal for
+//    cuBLASLt: the alignment of every pointer is measured (largest power of two dividing the
+//    address and the row stride in bytes, capped at 256) and passed as the MIN_ALIGNMENT
+//    preferences, so the heuristic only returns algorithms that handle it. Split-K partial sums
+//    are allowed only in f32 (REDUCTION_SCHEME_MASK: none or compute type).
+//    Note [cublaslt cache]: the cuBLASLt handle is created once per device; the 32 MiB workspace
+//    is the backend's per-(device, stream) buffer (Note [cuda workspace]), allocated on the first
+//    call and reused, so calls on different streams never share one; the algorithm chosen by
+//    the heuristic is cached per (device, dtype, M, N, K, leading dims, bias, alignments), so a
+//    hot call does one mutex-guarded map lookup, stack-initialized descriptors (the *Init
+//    functions, no host allocation) and one cublasLtMatmul on the Context's stream; no host
+//    synchronization and no device allocation after the first call of a shape. The same algorithm
+//    for the same shape gives the same bits run to run (deterministic; not batch invariant: M
+//    picks the algorithm). K = 0 (y = b) and shapes for which the heuristic returns nothing take
+//    the tiled kernel below instead.
+//  - cuda (priority 100): any layout. A 64 x 64 output tile per 256-thread block, each thread 4 x 4
+//    outputs, K walked in steps of 16 through shared memory (x and w tiles loaded with scalar
+//    loads, converted to f32 on the way in), f32 accumulation, bias added before the rounding.
+//    int64 offsets (row * row_stride); the grid's y strides over M beyond 65535 tiles.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/linear/linear_cuda.h"
+
+namespace opforge {
+namespace cuda::linear {
+namespace {
+
+int64_t ld_of(const TensorView& t, int64_t cols) { return t.rows() > 1 ? t.row_stride() : std::max<int64_t>(cols, 1); }
+
+// ---- tiled fallback --------------------------------------------------------------------------------
+constexpr int kTile = 64, kStepK = 16;
+
+template <class T> struct GemmArgs {
+  T* y;
+  const T* x;
+  const T* w;
+  const T* b;  // null: no bias
+  int64_t y_ld, x_ld, w_ld;
+  int64_t m, n, k;
+};
+
+template <class T> __global__ void __launch_bounds__(256) tiled_gemm_kernel(GemmArgs<T> p) {
+  __shared__ float xs[kStepK][kTile + 1];  // xs[kk][row]
+  __shared__ float ws[kStepK][kTile + 1];  // ws[kk][col]
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t col0 = int64_t(blockIdx.x) * kTile;
+  for (int64_t row0 = int64_t(blockIdx.y) * kTile; row0 < p.m; row0 += int64_t(gridDim.y) * kTile) {
+    float acc[4][4] = {};
+    for (int64_t k0 = 0; k0 < p.k; k0 += kStepK) {
+      // 64 x 16 values of each operand: 1024 per tile, 4 per thread.
+      for (int e = threadIdx.x; e < kTile * kStepK; e += 256) {
+        const int r = e / kStepK, kk = e % kStepK;
+        const int64_t kg = k0 + kk;
+        const int64_t xr = row0 + r, wr = col0 + r;
+        xs[kk][r] = (xr < p.m && kg < p.k) ? to_f32(p.x[xr * p.x_ld + kg]) : 0.0f;
+        ws[kk][r] = (wr < p.n && kg < p.k) ? to_f32(p.w[wr * p.w_ld + kg]) : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kStepK; ++kk) {
+        float a[4], bv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i], bv[i] = ws[kk][tx + 16 * i];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = row0 + ty + 16 * i;
+      if (row >= p.m) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t col = col0 + tx + 16 * j;
+        if (col >= p.n) continue;
+        const float v = acc[i][j] + (p.b ? to_f32(p.b[col]) : 0.0f);
+        p.y[row * p.y_ld + col] = from_f32<T>(v);
+      }
+    }
+  }
+}
+
+void run_tiled(const Context& ctx, const TensorView& y, const TensorView& x, const TensorView& w,
+               const TensorView& b) {
+  const int64_t m = x.rows(), n = w.size(0), k = x.size(-1);
+  dispatch_float(x.dtype, "linear", [&](auto tag) {
+    using T = decltype(tag);
+    GemmArgs<T> p{};
+    p.y = y.ptr<T>(), p.x = x.ptr<T>(), p.w = w.ptr<T>();
+    p.b = b.defined() ? b.ptr<T>() : nullptr;
+    p.y_ld = ld_of(y, n), p.x_ld = ld_of(x, k), p.w_ld = ld_of(w, k);
+    p.m = m, p.n = n, p.k = k;
+    const dim3 grid(grid_for(n, kTile), unsigned(std::min<int64_t>((m + kTile - 1) / kTile, 65535)));
+    tiled_gemm_kernel<T><<<grid, 256, 0, stream_of(ctx)>>>(p);
+    check_launch("linear_cuda kernel launch");
+  });
+}
+
+// ---- cuBLASLt ------------------------------------------------------------------------------------
+constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;
+
+[[noreturn]] void throw_cublas(const char* what, cublasStatus_t status) {
+  throw Error(ErrorCode::backend, std::string(what) + " failed: " + cublasLtGetStatusName(status) +
+                                      " (" + cublasLtGetStatusString(status) + ")");
+}
+void check_lt(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] throw_cublas(what, status);
+}
+
+// Note [cublaslt cache]: handles per device and chosen algorithms per shape.
+struct LtCache {
+  std::mutex mutex;
+  std::map<int, cublasLtHandle_t> handles;
+  // (device, dtype, m, n, k, x_ld, w_ld, y_ld, bias, align x, w, y, b) -> algorithm (or none).
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                         uint32_t, uint32_t, uint32_t, uint32_t>;
+  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
+};
+LtCache& lt_cache() {
+  static LtCache* cache = new LtCache;  // never destroyed: handles outlive static destructors
+  return *cache;
+}
+
+cublasLtHandle_t handle_for(LtCache& c, int device) {  // c.mutex held
+  auto it = c.handles.find(device);
+  if (it != c.handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  check_lt(cublasLtCreate(&h), "cublasLtCreate");
+  c.handles.emplace(device, h);
+  return h;
+}
+
+// Largest power of two (<= 256) dividing the address and the row stride in bytes.
+uint32_t alignment_of(const void* p, int64_t ld_bytes) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(p) | uint64_t(ld_bytes) | 256u;
+  return uint32_t(bits & (~bits + 1));
+}
+
+cudaDataType_t lt_type(DType t) {
+  return t == DType::f32 ? CUDA_R_32F : t == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+struct LtDescs {
+  cublasLtMatmulDescOpaque_t op;
+  cublasLtMatrixLayoutOpaque_t a, b, d;
+  cublasLtMatmulDesc_t op_desc() { return reinterpret_cast<cublasLtMatmulDesc_t>(&op); }
+  cublasLtMatrixLayout_t a_desc() { return reinterpret_cast<cublasLtMatrixLayout_t>(&a); }
+  cublasLtMatrixLayout_t b_desc() { return reinterpret_cast<cublasLtMatrixLayout_t>(&b); }
+  cublasLtMatrixLayout_t d_desc() { return reinterpret_cast<cublasLtMatrixLayout_t>(&d); }
+};
+
+// Returns false when cuBLASLt has no algorithm for this problem (the caller takes the tiled
+// kernel).
+bool run_cublaslt(const Context& ctx, const TensorView& y, const TensorView& x, const TensorView& w,
+                  const TensorView& b) {
+  const int64_t m = x.rows(), n = w.size(0), k = x.size(-1);
+  const int64_t x_ld = ld_of(x, k), w_ld = ld_of(w, k), y_ld = ld_of(y, n);
+  const int64_t item = x.itemsize();
+  const bool bias = b.defined();
+  const cudaDataType_t type = lt_type(x.dtype);
+
+  LtDescs s;
+  check_lt(cublasLtMatmulDescInit(s.op_desc(), CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit");
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)),
+           "cublasLtMatmulDescSetAttribute(TRANSA)");
+  check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)),
+           "cublasLtMatmulDescSetAttribute(TRANSB)");
+  if (bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const void* bias_ptr = b.data;
+    check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+             "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+    check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                            sizeof(bias_ptr)),
+             "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  }
+  check_lt(cublasLtMatrixLayoutInit(s.a_desc(), type, uint64_t(k), uint64_t(n), w_ld), "cublasLtMatrixLayoutInit(w)");
+  check_lt(cublasLtMatrixLayoutInit(s.b_desc(), type, uint64_t(k), uint64_t(m), x_ld), "cublasLtMatrixLayoutInit(x)");
+  check_lt(cublasLtMatrixLayoutInit(s.d_desc(), type, uint64_t(n), uint64_t(m), y_ld), "cublasLtMatrixLayoutInit(y)");
+
+  const uint32_t align_x = alignment_of(x.data, x_ld * item), align_w = alignment_of(w.data, w_ld * item),
+                 align_y = alignment_of(y.data, y_ld * item),
+                 align_b = bias ? alignment_of(b.data, 0) : 256u;
+  void* workspace = cuda_workspace(ctx, kWorkspaceBytes);
+
+  LtCache& c = lt_cache();
+  cublasLtHandle_t handle;
+  std::pair<bool, cublasLtMatmulAlgo_t> algo;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    handle = handle_for(c, ctx.device.index);
+    const LtCache::Key key{ctx.device.index, int(x.dtype), m, n, k, x_ld, w_ld, y_ld, bias,
+                           align_x, align_w, align_y, align_b};
+    auto it = c.algos.find(key);
+    if (it == c.algos.end()) {
+      cublasLtMatmulPreferenceOpaque_t pref_storage;
+      auto pref = reinterpret_cast<cublasLtMatmulPreference_t>(&pref_storage);
+      check_lt(cublasLtMatmulPreferenceInit(pref), "cublasLtMatmulPreferenceInit");
+      const uint64_t ws_bytes = uint64_t(kWorkspaceBytes);
+      check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                    sizeof(ws_bytes)),
+               "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+      const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>, 4> aligns{{
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_w},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_x},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_y},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_y},
+      }};
+      // Split-K partial sums only in f32 (the compute type): the in-place scheme would add the
+      // parts in the output dtype, rounding each one.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                    sizeof(schemes)),
+               "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)");
+      for (const auto& [attr, value] : aligns)
+        check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)),
+                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t status =
+          cublasLtMatmulAlgoGetHeuristic(handle, s.op_desc(), s.a_desc(), s.b_desc(), s.d_desc(),
+                                         s.d_desc(), pref, 1, &result, &found);
+      const bool ok = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+      it = c.algos.emplace(key, std::make_pair(ok, result.algo)).first;
+    }
+    algo = it->second;
+  }
+  if (!algo.first) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  check_lt(cublasLtMatmul(handle, s.op_desc(), &alpha, w.data, s.a_desc(), x.data, s.b_desc(), &beta,
+                          y.data, s.d_desc(), y.data, s.d_desc(), &algo.second, workspace,
+                          size_t(kWorkspaceBytes), stream_of(ctx)),
+           "cublasLtMatmul");
+  return true;
+}
+
+}  // namespace
+}  // namespace cuda::linear
+
+void linear_cuda_cublaslt(const Context& ctx, const TensorView& y, const TensorView& x,
+                          const TensorView& w, const TensorView& b) {
+  if (x.rows() == 0 || w.size(0) == 0) return;
+  cuda::DeviceGuard guard(ctx.device.index);
+  if (x.size(-1) > 0 && cuda::linear::run_cublaslt(ctx, y, x, w, b)) return;
+  cuda::linear::run_tiled(ctx, y, x, w, b);
+}
+const char* linear_cuda_cublaslt_applicable(const TensorView&, const TensorView& x,
+                                            const TensorView&, const TensorView& b) {
+  if (!cuda::is_cuda_float(x.dtype)) return cuda::kNotCudaFloat;
+  if (b.defined() && !cuda::aligned16(b.data)) return "b is not 16-byte aligned";
+  return nullptr;
+}
+
+void linear_cuda(const Context& ctx, const TensorView& y, const TensorView& x, const TensorView& w,
+                 const TensorView& b) {
+  if (x.rows() == 0 || w.size(0) == 0) return;
+  cuda::DeviceGuard guard(ctx.device.index);
+  cuda::linear::run_tiled(ctx, y, x, w, b);
+}
+const char* linear_cuda_applicable(const TensorView&, const TensorView& x, const TensorView&,
+                                   const TensorView&) {
+  return cuda::is_cuda_float(x.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+
+void register_linear_cuda(Registry& reg) {
+  // f32 sums of `in` products in another order than the reference's (as the cpu GEMM).
+  auto desc = [](const char* impl, int priority, const char* summary) {
+    KernelDesc d = cuda_kernel_desc(impl, priority, summary, false);
+    d.tolerances[DType::f32] = {1e-4, 1e-4, 1e-9};
+    return d;
+  };
+  KernelDesc lt = desc("cuda_cublaslt", 200,
+                       "cuBLASLt TN GEMM, f32 compute, bias in the epilogue, algorithm cached per shape");
+  lt.properties.batch_invariant = false;  // the heuristic's algorithm depends on the row count
+  reg.add_kernel<Linear>(lt, &linear_cuda_cublaslt, &linear_cuda_cublaslt_applicable);
+  reg.add_kernel<Linear>(desc("cuda", 100, "any layout: 64x64 shared-memory tiles, 4x4 per thread, f32 sums"),
+                         &linear_cuda, &linear_cuda_applicable);
+}
+
+}  // namespace opforge
