@@ -48,7 +48,7 @@ run_ctest_sanitized() {
 
 run_fuzzers() {
   local t
-  for t in policy_fuzz config_fuzz npy_fuzz; do
+  for t in policy_fuzz config_fuzz npy_fuzz perfdb_fuzz; do
     local work=build-fuzz/corpus/$t dict=fuzz/${t%_fuzz}.dict
     mkdir -p "$work"
     echo "-- $t for ${fuzz_seconds}s"
