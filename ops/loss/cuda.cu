@@ -18,7 +18,8 @@
 //  - cuda_vec16 (priority 200): 16-byte packs, needs aligned bases and V, row strides multiples
 //    of the pack; cuda (priority 100): single elements, any layout the check accepts.
 //  - lse and dloss are read in whatever floating dtype they have; loss and lse are written as f32.
-//  - int64 offsets throughout (row * row_stride), accurate expf / logf / tanhf.
+//  - int64 offsets throughout (row * row_stride), exp per Note [element exp]
+//    (ops/softmax/row_reduce.cuh), accurate logf / tanhf.
 // Differs from the CPU kernels in one way: a target outside [0, V) that is not ignore_index cannot
 // be reported without a host synchronization, so the CUDA check skips the range scan (as for
 // every device tensor) and the kernel writes NaN for that row's loss (and NaN gradients).
@@ -91,7 +92,7 @@ __global__ void __launch_bounds__(1024) forward_kernel(ForwardArgs<T> p, int rt)
         z.v[j] = cap(z.v[j], p.o.softcap);
         sum_z += z.v[j];
       }
-      st = add_unit(st, z.v);
+      st = add_unit<T>(st, z.v);
     }
     st = row_stats(st, rt, stats_scratch);
     if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, rt, sum_scratch);
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
     for (int j = 0; j < W; ++j) {
       const float z = cap(x.v[j], p.o.softcap);
       const float hit = (u * W + j == t) ? c_ls : 0.0f;
-      float dz = g * (scale * expf(z - lse) - eps - hit);
+      float dz = g * (scale * exp_of<T>(z - lse) - eps - hit);
       if (p.o.softcap > 0.0f) {
         const float r = z / p.o.softcap;
         dz *= 1.0f - r * r;

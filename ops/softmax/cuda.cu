@@ -20,7 +20,7 @@
 //  - cuda_vec16 (priority 200) moves 16-byte packs (8 bf16/f16 or 4 f32): needs 16-byte aligned
 //    bases, row lengths and strides multiples of the pack (the predicate says which fails);
 //    cuda (priority 100) walks single elements and accepts any layout the check accepts.
-//  - Accurate expf / logf (no fast-math intrinsics). One launch on ctx.stream, no host
+//  - exp per Note [element exp] (row_reduce.cuh), accurate logf. One launch on ctx.stream, no host
 //    synchronization, no allocation.
 //
 // Aliasing: y may alias x (forward) and dx may alias dy (backward) exactly: each element is read
@@ -79,17 +79,17 @@ __global__ void __launch_bounds__(1024) softmax_kernel(Args<T> p, int rt) {
         const int64_t u = tid + int64_t(c) * rt;
         if (u < live_units) {
           ca[c] = U::load(a + u * W);
-          st = add_unit(st, U::widen(ca[c]).v);
+          st = add_unit<T>(st, U::widen(ca[c]).v);
         }
       }
       for (int64_t u = tid + int64_t(kCache) * rt; u < live_units; u += rt)
-        st = add_unit(st, U::widen(U::load(a + u * W)).v);
+        st = add_unit<T>(st, U::widen(U::load(a + u * W)).v);
       st = row_stats(st, rt, stats_scratch);
       const float inv_s = 1.0f / st.s, log_s = logf(st.s);
       auto emit = [&](int64_t u, typename U::Floats x) {
 #pragma unroll
         for (int j = 0; j < W; ++j)
-          x.v[j] = kKind == Kind::softmax ? expf(x.v[j] - st.m) * inv_s : x.v[j] - st.m - log_s;
+          x.v[j] = kKind == Kind::softmax ? exp_of<T>(x.v[j] - st.m) * inv_s : x.v[j] - st.m - log_s;
         U::store(out + u * W, x);
       };
 #pragma unroll
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(1024) softmax_kernel(Args<T> p, int rt) {
       auto emit = [&](int64_t u, typename U::Floats g, const typename U::Floats& y) {
 #pragma unroll
         for (int j = 0; j < W; ++j)
-          g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total) : g.v[j] - expf(y.v[j]) * total;
+          g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total) : g.v[j] - exp_of<T>(y.v[j]) * total;
         U::store(out + u * W, g);
       };
 #pragma unroll

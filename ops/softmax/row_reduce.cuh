@@ -52,7 +52,17 @@ __device__ __forceinline__ Stats merge(Stats a, Stats b) {
   if (m == -INFINITY) return {m, 0.0f};  // both empty (or all -inf)
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
-template <int W> __device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
+// Note [element exp]: exp of an element in the precision its type needs. f32 data gets the
+// accurate expf (a ~20-instruction polynomial; the f32 results must match the reference to a few
+// ulps). bf16 / f16 data gets __expf (ex2.approx on the special-function unit: relative error
+// below ~2^-21 + 1e-7 |x|, far under the 2^-8 / 2^-11 spacing the result is rounded to), which
+// keeps these memory-bound kernels from becoming bound by the exp instead.
+template <class T> __device__ __forceinline__ float exp_of(float x) {
+  if constexpr (std::is_same_v<T, float>) return expf(x);
+  else return __expf(x);
+}
+
+template <class T, int W> __device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
   float um = v[0];
 #pragma unroll
   for (int j = 1; j < W; ++j) um = fmaxf(um, v[j]);
@@ -60,7 +70,7 @@ template <int W> __device__ __forceinline__ Stats add_unit(Stats st, const float
   if (m == -INFINITY) return st;
   float s = st.m == m ? st.s : st.s * expf(st.m - m);
 #pragma unroll
-  for (int j = 0; j < W; ++j) s += expf(v[j] - m);
+  for (int j = 0; j < W; ++j) s += exp_of<T>(v[j] - m);
   return {m, s};
 }
 
