@@ -1,4 +1,5 @@
-// opforge: list, explain, call, check, bench and support over the op registry.
+// opforge: list, explain, call, check, bench and support over the op registry; estimate and
+// run-layer over the models and the perf database.
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -17,6 +18,8 @@ int main(int argc, char** argv) {
   opforge::cli::add_check(app, status);
   opforge::cli::add_bench(app, status);
   opforge::cli::add_support(app, status);
+  opforge::cli::add_estimate(app, status);
+  opforge::cli::add_run_layer(app, status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
