@@ -38,6 +38,7 @@ model::EstimateOptions ModelFlags::options() const {
 int run_model_support(const ModelFlags& f) {
   if (f.system.empty()) throw Error(ErrorCode::invalid_argument, "support --model: --system is required");
   model::ModelSpec m = model::load_model(f.model);
+  model::validate_options(m, f.options());
   perfdb::Database db = perfdb::Database::load(f.system, f.root);
   std::vector<model::SupportRow> rows = model::model_support(m, db, f.options());
   std::cout << model::format_support(rows);
@@ -56,6 +57,7 @@ void add_estimate(CLI::App& app, int& status) {
   cmd->add_option("--json", *json, "also write the estimate as JSON to this file");
   cmd->callback([f, json, &status] {
     model::ModelSpec m = model::load_model(f->model);
+    model::validate_options(m, f->options());
     perfdb::Database db = perfdb::Database::load(f->system, f->root);
     model::Estimate e = model::estimate(m, db, f->options());
     std::cout << model::format_estimate(e);

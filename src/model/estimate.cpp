@@ -25,8 +25,15 @@ std::string lower(std::string s) {
 }
 
 // The copy bandwidth measured with the database's tables (every file records the one of its run).
+// Row-wise memory-bound ops first (their runs measure the copy ceiling of the device they time),
+// all_reduce last (its file may come from another machine size).
 double copy_ceiling_gbps(const perfdb::Database& db, std::string* from = nullptr) {
-  for (const std::string& op : db.ops()) {
+  std::vector<std::string> order = {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "embedding"};
+  for (const std::string& op : db.ops())
+    if (op != "all_reduce" && std::find(order.begin(), order.end(), op) == order.end()) order.push_back(op);
+  order.push_back("all_reduce");
+  for (const std::string& op : order) {
+    if (!db.has_op(op)) continue;
     const perfdb::OpTable& t = db.table(op);
     if (t.header.ceiling_gbps > 0) {
       if (from) *from = op;
@@ -147,6 +154,8 @@ Workload decode_of(const EstimateOptions& o) {
   return w;
 }
 
+}  // namespace
+
 void validate_options(const ModelSpec& m, const EstimateOptions& o) {
   if (o.input_len < 1)
     throw Error(ErrorCode::invalid_argument, "--input-len: expected at least 1 token, got " + std::to_string(o.input_len));
@@ -154,8 +163,6 @@ void validate_options(const ModelSpec& m, const EstimateOptions& o) {
     throw Error(ErrorCode::invalid_argument, "--output-len: expected 0 or more tokens, got " + std::to_string(o.output_len));
   validate_workload(m, prefill_of(o));
 }
-
-}  // namespace
 
 Estimate estimate(const ModelSpec& m, const perfdb::Database& db, const EstimateOptions& o) {
   validate_options(m, o);
@@ -174,13 +181,13 @@ Estimate estimate(const ModelSpec& m, const perfdb::Database& db, const Estimate
 // ---- text and JSON ---------------------------------------------------------------------------
 
 std::string format_rows(const std::vector<EstimateRow>& rows) {
-  std::string s = fmt::format("  {:<16} {:<10} {:<26} {:<44} {:>5} {:>11} {:>11} {:>6}  {}\n", "op", "kernel", "op name",
+  std::string s = fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11} {:>11} {:>6}  {}\n", "op", "kernel", "op name",
                               "shapes", "calls", "us/call", "us", "share", "how");
   for (const EstimateRow& r : rows) {
     const std::string how = std::string(perfdb::method_name(r.answer.method)) +
                             (r.answer.how.empty() ? "" : ": " + r.answer.how) +
                             (r.call.note.empty() ? "" : " [" + r.call.note + "]");
-    s += fmt::format("  {:<16} {:<10} {:<26} {:<44} {:>5} {:>11.2f} {:>11.2f} {:>5.1f}%  {}\n", r.call.name,
+    s += fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11.2f} {:>11.2f} {:>5.1f}%  {}\n", r.call.name,
                      r.answer.impl, r.call.op.empty() ? "(modelled)" : r.call.op, dims_str(r.call.dims, r.call.op),
                      r.call.count, r.answer.us, r.total_us, 100.0 * r.share, how);
   }
@@ -314,12 +321,12 @@ std::vector<SupportRow> model_support(const ModelSpec& m, const perfdb::Database
 }
 
 std::string format_support(const std::vector<SupportRow>& rows) {
-  std::string s = fmt::format("{:<8} {:<6} {:<16} {:<26} {:<44} {:<13} {}\n", "phase", "block", "call", "op", "shapes",
+  std::string s = fmt::format("{:<8} {:<6} {:<16} {:<26} {:<56} {:<13} {}\n", "phase", "block", "call", "op", "shapes",
                               "status", "detail");
   int missing = 0;
   for (const SupportRow& r : rows) {
     missing += r.ok ? 0 : 1;
-    s += fmt::format("{:<8} {:<6} {:<16} {:<26} {:<44} {:<13} {}\n", phase_name(r.phase), r.block, r.call.name,
+    s += fmt::format("{:<8} {:<6} {:<16} {:<26} {:<56} {:<13} {}\n", phase_name(r.phase), r.block, r.call.name,
                      r.call.op.empty() ? "(modelled)" : r.call.op, dims_str(r.call.dims, r.call.op), r.status, r.detail);
   }
   s += missing ? fmt::format("{} of {} calls have no data\n", missing, rows.size())

@@ -70,6 +70,8 @@ std::vector<EstimateRow> estimate_calls(const perfdb::Database& db, const std::v
 PhaseEstimate estimate_phase(const ModelSpec& m, const perfdb::Database& db, const Workload& w,
                              const std::string& impl = "auto");
 Estimate estimate(const ModelSpec& m, const perfdb::Database& db, const EstimateOptions& o);
+// Lengths, batch, dtype and tp against the model (Error naming the flag); estimate() runs it too.
+void validate_options(const ModelSpec& m, const EstimateOptions& o);
 
 std::string format_rows(const std::vector<EstimateRow>& rows);  // the per-op table
 std::string format_estimate(const Estimate& e);

@@ -458,10 +458,10 @@ std::string format_run(const ModelSpec& m, const LayerRun& run, const std::vecto
                               run.device, w.dtype, run.repeat);
   double ptotal = 0;
   auto by = predicted_by_name(predicted, ptotal);
-  s += fmt::format("  {:<16} {:<20} {:<20} {:<44} {:>5} {:>11}", "op", "op name", "kernel", "shapes", "calls", "measured us");
+  s += fmt::format("  {:<16} {:<24} {:<18} {:<56} {:>5} {:>11}", "op", "op name", "kernel", "shapes", "calls", "measured us");
   s += predicted ? fmt::format(" {:>12} {:>7}\n", "predicted us", "pred/meas") : "\n";
   for (const MeasuredRow& r : run.rows) {
-    s += fmt::format("  {:<16} {:<20} {:<20} {:<44} {:>5} {:>11.2f}", r.name, r.op.empty() ? "-" : r.op, r.kernel,
+    s += fmt::format("  {:<16} {:<24} {:<18} {:<56} {:>5} {:>11.2f}", r.name, r.op.empty() ? "-" : r.op, r.kernel,
                      r.shapes, r.calls, r.us);
     if (predicted) {
       auto it = by.find(r.name);
