@@ -174,11 +174,15 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   return m;
 }
 
+// $OPFORGE_MODELS, else this checkout's data/models, else the installed copy.
 std::string models_dir() {
   if (const char* env = std::getenv("OPFORGE_MODELS"); env && *env) return env;
-#ifdef OPFORGE_SOURCE_DATA_DIR
-  if (fs::is_directory(fs::path(OPFORGE_SOURCE_DATA_DIR) / "models"))
-    return (fs::path(OPFORGE_SOURCE_DATA_DIR) / "models").string();
+  std::error_code ec;
+#ifdef OPFORGE_SOURCE_MODELS_DIR
+  if (fs::is_directory(OPFORGE_SOURCE_MODELS_DIR, ec)) return OPFORGE_SOURCE_MODELS_DIR;
+#endif
+#ifdef OPFORGE_INSTALLED_MODELS_DIR
+  if (fs::is_directory(OPFORGE_INSTALLED_MODELS_DIR, ec)) return OPFORGE_INSTALLED_MODELS_DIR;
 #endif
   return "data/models";
 }
