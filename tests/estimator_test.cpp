@@ -369,6 +369,27 @@ TEST(Estimator, AllReduceMeasuredOrRingModel) {
     if (r.call.op == "all_reduce") EXPECT_EQ(r.answer.method, perfdb::Method::measured);
 }
 
+TEST(Estimator, RingModelIsCalibratedOnMeasuredTp) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  SyntheticDb db;
+  const double bw = 100.0, lat = 3.0;  // GB/s, us per step
+  auto ring = [&](double bytes, int64_t tp) { return 2.0 * (tp - 1) / tp * bytes / (bw * 1e3) + 2.0 * (tp - 1) * lat; };
+  for (int64_t bytes : {int64_t(1024), int64_t(1) << 20, int64_t(1) << 28})
+    db.points["all_reduce"][{{"bytes", bytes}, {"tp", 2}}] = ring(double(bytes), 2);
+  for (const Workload& w : {Workload::prefill(1, 64, 4)}) db.add(decoder_layer(m, w));
+  db.points["all_reduce"].erase(find(decoder_layer(m, Workload::prefill(1, 64, 4)), "attn_all_reduce").dims);
+  db.write();
+  perfdb::Database d = db.load();
+  RingModel r = ring_model(d);
+  EXPECT_NEAR(r.step_latency_us, lat, 0.01 * lat);
+  EXPECT_NEAR(r.bus_gbps, bw, 0.01 * bw);
+  EXPECT_THAT(r.source, HasSubstr("calibrated"));
+  const OpCall& c = find(decoder_layer(m, Workload::prefill(1, 64, 4)), "attn_all_reduce");
+  perfdb::Answer a = answer_call(d, c, "auto", "bf16");
+  EXPECT_EQ(a.method, perfdb::Method::modelled);
+  EXPECT_NEAR(a.us, ring(double(c.dims.at("bytes")), 4), 0.01 * a.us);
+}
+
 TEST(Estimator, JsonHasTheFields) {
   ModelSpec m = parse_model_config(kTinyMoe, "tiny-moe.json");
   EstimateOptions o;

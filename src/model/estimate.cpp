@@ -64,12 +64,37 @@ double sum_us(const std::vector<EstimateRow>& rows) {
 }  // namespace
 
 // Note [ring all-reduce model]: a ring all-reduce moves 2(tp-1)/tp of the buffer through each
-// link (reduce-scatter + all-gather) in 2(tp-1) steps. Constants per system, chosen by the
-// system's name: NVLink 4 (H100, H200 SXM): 360 GB/s bus bandwidth (what NCCL reaches of the
-// 450 GB/s per direction), 1.5 us per step; NVLink 3 (A100): 230 GB/s, 2 us; anything else (a
-// CPU machine, ranks sharing host memory): the database's copy ceiling, 1 us per step. Used for
-// every tp the database has no all_reduce rows for; its answers are marked "modelled".
+// link (reduce-scatter + all-gather) in 2(tp-1) steps: t = 2(tp-1)/tp * bytes / bus_gbps +
+// 2(tp-1) * step_latency. Used for every tp the database has no all_reduce rows for; its answers
+// are marked "modelled". The constants:
+//   - calibrated, when the database has all_reduce rows at some other tp: at the largest measured
+//     tp, the step latency from its smallest message (t / 2(tp-1)) and the bus bandwidth from its
+//     largest (2(tp-1)/tp * bytes / (t - 2(tp-1) * latency));
+//   - else by the system's name: NVLink 4 (H100, H200 SXM): 360 GB/s (what NCCL reaches of the
+//     450 GB/s per direction), 1.5 us per step; NVLink 3 (A100): 230 GB/s, 2 us;
+//   - else (a CPU machine, ranks sharing host memory): the database's copy ceiling, 1 us per step.
 RingModel ring_model(const perfdb::Database& db) {
+  if (db.has_op("all_reduce")) {
+    const perfdb::Row *small = nullptr, *large = nullptr;
+    int64_t tp = 0;
+    for (const perfdb::Row& r : db.table("all_reduce").rows) tp = std::max(tp, r.dims.count("tp") ? r.dims.at("tp") : 0);
+    for (const perfdb::Row& r : db.table("all_reduce").rows) {
+      if (!r.dims.count("tp") || r.dims.at("tp") != tp || !r.dims.count("bytes") || r.median_us <= 0) continue;
+      if (!small || r.dims.at("bytes") < small->dims.at("bytes")) small = &r;
+      if (!large || r.dims.at("bytes") > large->dims.at("bytes")) large = &r;
+    }
+    if (tp > 1 && small && large && large != small) {
+      const double steps = 2.0 * double(tp - 1), share = steps / double(tp);
+      const double latency = small->median_us / steps;
+      const double wire_us = large->median_us - steps * latency;
+      if (wire_us > 0) {
+        const double gbps = share * double(large->dims.at("bytes")) / wire_us / 1e3;
+        return {gbps, latency,
+                fmt::format("calibrated on the measured all_reduce at tp={} ({} and {} bytes)", tp,
+                            small->dims.at("bytes"), large->dims.at("bytes"))};
+      }
+    }
+  }
   const std::string name = lower(db.system());
   if (name.find("h100") != std::string::npos || name.find("h200") != std::string::npos)
     return {360.0, 1.5, "NVLink 4 constants (system name names an H100/H200)"};
