@@ -55,7 +55,7 @@ const std::map<std::string, std::vector<std::string>>& dim_order() {
       {"attention_decode", {"batch", "context", "q_heads", "kv_heads", "head_dim"}},
       {"topk_softmax", {"tokens", "experts", "k"}},
       {"embedding", {"tokens", "vocab", "hidden"}},
-      {"all_reduce", {"bytes", "tp"}},
+      {"all_reduce", {"message_bytes", "tp"}},
   };
   return order;
 }
@@ -252,7 +252,7 @@ TEST(DecoderLayer, Llama8bAtTp1And2) {
   EXPECT_EQ(find(l2, "attention").dims,
             (perfdb::Dims{{"batch", 8}, {"context", 2048}, {"q_heads", 16}, {"kv_heads", 4}, {"head_dim", 128}}));
   EXPECT_EQ(find(l2, "o_proj").dims, (perfdb::Dims{{"tokens", 8}, {"n", 4096}, {"k", 2048}}));
-  EXPECT_EQ(find(l2, "attn_all_reduce").dims, (perfdb::Dims{{"bytes", 8 * 4096 * 2}, {"tp", 2}}));
+  EXPECT_EQ(find(l2, "attn_all_reduce").dims, (perfdb::Dims{{"message_bytes", 8 * 4096 * 2}, {"tp", 2}}));
   EXPECT_EQ(find(l2, "gate_up_proj").dims, (perfdb::Dims{{"tokens", 8}, {"n", 14336}, {"k", 4096}}));
   EXPECT_EQ(find(l2, "down_proj").dims, (perfdb::Dims{{"tokens", 8}, {"n", 4096}, {"k", 7168}}));
 
@@ -375,7 +375,7 @@ TEST(Estimator, RingModelIsCalibratedOnMeasuredTp) {
   const double bw = 100.0, lat = 3.0;  // GB/s, us per step
   auto ring = [&](double bytes, int64_t tp) { return 2.0 * (tp - 1) / tp * bytes / (bw * 1e3) + 2.0 * (tp - 1) * lat; };
   for (int64_t bytes : {int64_t(1024), int64_t(1) << 20, int64_t(1) << 28})
-    db.points["all_reduce"][{{"bytes", bytes}, {"tp", 2}}] = ring(double(bytes), 2);
+    db.points["all_reduce"][{{"message_bytes", bytes}, {"tp", 2}}] = ring(double(bytes), 2);
   for (const Workload& w : {Workload::prefill(1, 64, 4)}) db.add(decoder_layer(m, w));
   db.points["all_reduce"].erase(find(decoder_layer(m, Workload::prefill(1, 64, 4)), "attn_all_reduce").dims);
   db.write();
@@ -387,7 +387,7 @@ TEST(Estimator, RingModelIsCalibratedOnMeasuredTp) {
   const OpCall& c = find(decoder_layer(m, Workload::prefill(1, 64, 4)), "attn_all_reduce");
   perfdb::Answer a = answer_call(d, c, "auto", "bf16");
   EXPECT_EQ(a.method, perfdb::Method::modelled);
-  EXPECT_NEAR(a.us, ring(double(c.dims.at("bytes")), 4), 0.01 * a.us);
+  EXPECT_NEAR(a.us, ring(double(c.dims.at("message_bytes")), 4), 0.01 * a.us);
 }
 
 TEST(Estimator, JsonHasTheFields) {

@@ -79,19 +79,19 @@ RingModel ring_model(const perfdb::Database& db) {
     int64_t tp = 0;
     for (const perfdb::Row& r : db.table("all_reduce").rows) tp = std::max(tp, r.dims.count("tp") ? r.dims.at("tp") : 0);
     for (const perfdb::Row& r : db.table("all_reduce").rows) {
-      if (!r.dims.count("tp") || r.dims.at("tp") != tp || !r.dims.count("bytes") || r.median_us <= 0) continue;
-      if (!small || r.dims.at("bytes") < small->dims.at("bytes")) small = &r;
-      if (!large || r.dims.at("bytes") > large->dims.at("bytes")) large = &r;
+      if (!r.dims.count("tp") || r.dims.at("tp") != tp || !r.dims.count("message_bytes") || r.median_us <= 0) continue;
+      if (!small || r.dims.at("message_bytes") < small->dims.at("message_bytes")) small = &r;
+      if (!large || r.dims.at("message_bytes") > large->dims.at("message_bytes")) large = &r;
     }
     if (tp > 1 && small && large && large != small) {
       const double steps = 2.0 * double(tp - 1), share = steps / double(tp);
       const double latency = small->median_us / steps;
       const double wire_us = large->median_us - steps * latency;
       if (wire_us > 0) {
-        const double gbps = share * double(large->dims.at("bytes")) / wire_us / 1e3;
+        const double gbps = share * double(large->dims.at("message_bytes")) / wire_us / 1e3;
         return {gbps, latency,
                 fmt::format("calibrated on the measured all_reduce at tp={} ({} and {} bytes)", tp,
-                            small->dims.at("bytes"), large->dims.at("bytes"))};
+                            small->dims.at("message_bytes"), large->dims.at("message_bytes"))};
       }
     }
   }
@@ -125,7 +125,7 @@ Answer answer_call(const perfdb::Database& db, const OpCall& c, const std::strin
     const RingModel r = ring_model(db);
     const int64_t tp = c.dims.at("tp");
     Answer a;
-    a.us = ring_all_reduce_us(r, double(c.dims.at("bytes")), tp);
+    a.us = ring_all_reduce_us(r, double(c.dims.at("message_bytes")), tp);
     a.method = Method::modelled;
     a.impl = "ring";
     a.how = fmt::format("ring model, {:.0f} GB/s, {:.1f} us/step, {} steps: {}; no all_reduce measured at tp={}",

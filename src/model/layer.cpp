@@ -51,7 +51,7 @@ std::string norm_op(const ModelSpec& m, bool fused) {
 
 void all_reduce(std::vector<OpCall>& calls, const char* name, const Workload& w, int64_t hidden) {
   if (w.tp <= 1) return;
-  calls.push_back(call(name, "all_reduce", {{"bytes", w.total_tokens() * hidden * element_size(w)}, {"tp", w.tp}}));
+  calls.push_back(call(name, "all_reduce", {{"message_bytes", w.total_tokens() * hidden * element_size(w)}, {"tp", w.tp}}));
 }
 
 void dense_mlp(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s, int64_t T) {
@@ -219,7 +219,7 @@ std::string dims_str(const perfdb::Dims& dims, const std::string& op) {
       {"attention_decode", {"batch", "context", "q_heads", "kv_heads", "head_dim"}},
       {"topk_softmax", {"tokens", "experts", "k"}},
       {"embedding", {"tokens", "vocab", "hidden"}},
-      {"all_reduce", {"bytes", "tp"}},
+      {"all_reduce", {"message_bytes", "tp"}},
       {"silu_and_mul", {"tokens", "d"}},
       {"gelu_and_mul", {"tokens", "d"}},
   };
