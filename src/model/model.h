@@ -1,5 +1,5 @@
 // Model families from Hugging Face config.json files, and the decoder layer of a family as a list
-// of op calls with the dims the performance database is queried with (perfdb::op_dims).
+// of op calls with the dims the performance database is queried with (perfdb::op_grid).
 //
 //   ModelSpec m = load_model("llama-3.1-8b");          // data/models/llama-3.1-8b.json
 //   ModelSpec m = load_model("path/to/config.json");   // any file
