@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "model/estimate.h"
 #include "opforge/harness.h"
 #include "opforge/policy.h"
 
@@ -27,6 +28,20 @@ void add_check(CLI::App& app, int& status);
 void add_bench(CLI::App& app, int& status);
 void add_support(CLI::App& app, int& status);
 void add_perfdb(CLI::App& app, int& status);  // tools/cmd_perfdb.cpp
+void add_estimate(CLI::App& app, int& status);
+void add_run_layer(CLI::App& app, int& status);
+
+// Model and workload flags of estimate, support --model and run-layer (tools/cmd_estimate.cpp).
+struct ModelFlags {
+  std::string model, system, root;
+  int64_t tp = 1, batch = 1, input_len = 1024, output_len = 128;
+  std::string dtype = "bf16";
+  std::string impl = "auto";
+  model::EstimateOptions options() const;
+};
+void add_model_flags(CLI::App& cmd, ModelFlags& flags);
+// `opforge support --model M --system S`: prints the table; 0 when every call has data, else 1.
+int run_model_support(const ModelFlags& flags);
 
 // Harness options shared by check and bench.
 struct HarnessFlags {

@@ -1,6 +1,8 @@
 // opforge list [--json]: every op x kernel, availability, and what the policy selects per device.
 // opforge explain OP [--device D]: the decision trace.
 // opforge support [--out F]: the op x backend matrix as markdown.
+// opforge support --model M --system S [...]: whether the perf database answers every op call of
+// the model (cmd_estimate.cpp); exit status 1 when one is missing.
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -43,13 +45,21 @@ void add_explain(CLI::App& app, int& status) {
 }
 
 void add_support(CLI::App& app, int& status) {
-  auto* cmd = app.add_subcommand("support", "the op x backend matrix (markdown)");
+  auto* cmd = app.add_subcommand("support", "the op x backend matrix (markdown); with --model: "
+                                             "which op calls of the model the perf database answers");
   auto common = std::make_shared<Common>();
   auto out = std::make_shared<std::string>();
+  auto model = std::make_shared<ModelFlags>();
   add_common(*cmd, *common);
   cmd->add_option("--out", *out, "write to this file (e.g. docs/ops.md) instead of stdout");
+  add_model_flags(*cmd, *model);
   cmd->callback([=, &status] {
     common->policy();  // validates --ops like every command
+    if (!model->model.empty()) {
+      status = run_model_support(*model);
+      return;
+    }
+    if (!model->system.empty()) throw Error(ErrorCode::invalid_argument, "support --system: give --model too");
     std::string md = harness::support_markdown(global_registry());
     if (out->empty()) {
       std::cout << md;

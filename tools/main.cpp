@@ -1,5 +1,5 @@
 // opforge: list, explain, call, check, bench and support over the op registry; perfdb over the
-// performance database.
+// performance database; estimate and run-layer over the models and the perf database.
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   opforge::cli::add_bench(app, status);
   opforge::cli::add_support(app, status);
   opforge::cli::add_perfdb(app, status);
+  opforge::cli::add_estimate(app, status);
+  opforge::cli::add_run_layer(app, status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,220 @@
+// Hugging Face config.json -> ModelSpec.
+//
+// Field names per family (as the transformers configs of those architectures write them):
+//   all:       hidden_size, intermediate_size, num_attention_heads, num_hidden_layers, vocab_size;
+//              num_key_value_heads (default num_attention_heads), head_dim (default hidden_size /
+//              num_attention_heads), rms_norm_eps, rope_theta, max_position_embeddings,
+//              torch_dtype, tie_word_embeddings
+//   Mixtral:   num_local_experts, num_experts_per_tok (the expert MLP is intermediate_size wide;
+//              top-k weights are always renormalized)
+//   Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
+//   Gemma 3:   the text dims may sit under "text_config" (Gemma3ForConditionalGeneration files).
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "opforge/error.h"
+
+namespace opforge::model {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::llama: return "llama";
+    case Family::mistral: return "mistral";
+    case Family::qwen2: return "qwen2";
+    case Family::qwen3: return "qwen3";
+    case Family::gemma2: return "gemma2";
+    case Family::gemma3: return "gemma3";
+    case Family::mixtral: return "mixtral";
+    case Family::qwen3_moe: return "qwen3_moe";
+  }
+  return "?";
+}
+
+const std::vector<Architecture>& supported_architectures() {
+  static const std::vector<Architecture> archs = {
+      {"LlamaForCausalLM", Family::llama},        {"MistralForCausalLM", Family::mistral},
+      {"Qwen2ForCausalLM", Family::qwen2},        {"Qwen3ForCausalLM", Family::qwen3},
+      {"Gemma2ForCausalLM", Family::gemma2},      {"Gemma3ForCausalLM", Family::gemma3},
+      {"Gemma3ForConditionalGeneration", Family::gemma3},
+      {"MixtralForCausalLM", Family::mixtral},    {"Qwen3MoeForCausalLM", Family::qwen3_moe},
+  };
+  return archs;
+}
+
+std::string supported_architecture_list() {
+  std::string s;
+  for (const Architecture& a : supported_architectures()) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  return s;
+}
+
+namespace {
+
+struct Reader {
+  const json& doc;
+  const std::string& source;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw Error(ErrorCode::parse, source + ": field '" + field + "': " + what);
+  }
+  bool has(const char* field) const { return doc.contains(field) && !doc[field].is_null(); }
+  int64_t integer(const char* field) const {
+    if (!has(field)) fail(field, "missing (needed to build the model's layers)");
+    const json& v = doc[field];
+    if (!v.is_number_integer()) fail(field, "expected an integer, got " + v.dump());
+    int64_t x = v.get<int64_t>();
+    if (x <= 0) fail(field, "expected a positive integer, got " + std::to_string(x));
+    return x;
+  }
+  int64_t integer_or(const char* field, int64_t fallback) const { return has(field) ? integer(field) : fallback; }
+  double number_or(const char* field, double fallback) const {
+    if (!has(field)) return fallback;
+    if (!doc[field].is_number()) fail(field, "expected a number, got " + doc[field].dump());
+    return doc[field].get<double>();
+  }
+  bool boolean_or(const char* field, bool fallback) const {
+    if (!has(field)) return fallback;
+    if (!doc[field].is_boolean()) fail(field, "expected true or false, got " + doc[field].dump());
+    return doc[field].get<bool>();
+  }
+  std::string string_or(const char* field, const std::string& fallback) const {
+    if (!has(field)) return fallback;
+    if (!doc[field].is_string()) fail(field, "expected a string, got " + doc[field].dump());
+    return doc[field].get<std::string>();
+  }
+};
+
+Family family_of(const json& doc, const std::string& source, std::string& arch) {
+  if (!doc.contains("architectures") || !doc["architectures"].is_array() || doc["architectures"].empty() ||
+      !doc["architectures"][0].is_string())
+    throw Error(ErrorCode::parse, source + ": field 'architectures': missing or not a list of names "
+                                           "(supported: " + supported_architecture_list() + ")");
+  arch = doc["architectures"][0].get<std::string>();
+  for (const Architecture& a : supported_architectures())
+    if (arch == a.name) return a.family;
+  throw Error(ErrorCode::unknown_name, source + ": unsupported architecture '" + arch +
+                                           "'; supported: " + supported_architecture_list());
+}
+
+std::string stem_of(const std::string& source) {
+  fs::path p(source);
+  std::string stem = p.stem().string();
+  if (stem == "config" && p.has_parent_path()) stem = p.parent_path().filename().string();
+  return stem;
+}
+
+}  // namespace
+
+ModelSpec parse_model_config(const std::string& json_text, const std::string& source) {
+  json doc;
+  try {
+    doc = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw Error(ErrorCode::parse, source + ": not valid JSON: " + e.what());
+  }
+  if (!doc.is_object()) throw Error(ErrorCode::parse, source + ": expected a JSON object");
+  ModelSpec m;
+  m.path = source;
+  m.name = stem_of(source);
+  m.family = family_of(doc, source, m.architecture);
+  // Gemma 3 multimodal files keep the language model's dims under text_config.
+  const json& text = doc.contains("text_config") && doc["text_config"].is_object() ? doc["text_config"] : doc;
+  Reader r{text, source};
+  m.hidden = r.integer("hidden_size");
+  m.heads = r.integer("num_attention_heads");
+  m.kv_heads = r.integer_or("num_key_value_heads", m.heads);
+  if (r.has("head_dim")) {
+    m.head_dim = r.integer("head_dim");
+  } else {
+    if (m.hidden % m.heads != 0)
+      r.fail("head_dim", "missing, and hidden_size " + std::to_string(m.hidden) +
+                             " is not a multiple of num_attention_heads " + std::to_string(m.heads));
+    m.head_dim = m.hidden / m.heads;
+  }
+  if (m.heads % m.kv_heads != 0)
+    r.fail("num_key_value_heads", "expected a divisor of num_attention_heads " + std::to_string(m.heads) +
+                                      ", got " + std::to_string(m.kv_heads));
+  if (m.head_dim % 2 != 0) r.fail("head_dim", "expected an even size (rotary pairs), got " + std::to_string(m.head_dim));
+  m.layers = r.integer("num_hidden_layers");
+  m.vocab = r.integer("vocab_size");
+  m.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
+  m.rope_theta = r.number_or("rope_theta", 10000.0);
+  m.max_position = r.integer_or("max_position_embeddings", 0);
+  m.torch_dtype = r.string_or("torch_dtype", Reader{doc, source}.string_or("torch_dtype", ""));
+  m.tie_word_embeddings = Reader{doc, source}.boolean_or("tie_word_embeddings", r.boolean_or("tie_word_embeddings", false));
+  switch (m.family) {
+    case Family::mixtral:
+      m.intermediate = r.integer("intermediate_size");
+      m.experts = r.integer("num_local_experts");
+      m.experts_per_token = r.integer("num_experts_per_tok");
+      m.moe_intermediate = m.intermediate;
+      m.norm_topk_prob = true;
+      break;
+    case Family::qwen3_moe:
+      m.intermediate = r.integer_or("intermediate_size", 0);
+      m.experts = r.integer("num_experts");
+      m.experts_per_token = r.integer("num_experts_per_tok");
+      m.moe_intermediate = r.integer("moe_intermediate_size");
+      m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+      break;
+    default:
+      m.intermediate = r.integer("intermediate_size");
+  }
+  if (m.is_moe() && m.experts_per_token > m.experts)
+    r.fail("num_experts_per_tok", "expected at most the " + std::to_string(m.experts) + " experts, got " +
+                                      std::to_string(m.experts_per_token));
+  return m;
+}
+
+// $OPFORGE_MODELS, else this checkout's data/models, else the installed copy.
+std::string models_dir() {
+  if (const char* env = std::getenv("OPFORGE_MODELS"); env && *env) return env;
+  std::error_code ec;
+#ifdef OPFORGE_SOURCE_MODELS_DIR
+  if (fs::is_directory(OPFORGE_SOURCE_MODELS_DIR, ec)) return OPFORGE_SOURCE_MODELS_DIR;
+#endif
+#ifdef OPFORGE_INSTALLED_MODELS_DIR
+  if (fs::is_directory(OPFORGE_INSTALLED_MODELS_DIR, ec)) return OPFORGE_INSTALLED_MODELS_DIR;
+#endif
+  return "data/models";
+}
+
+std::vector<std::string> shipped_models() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(models_dir(), ec))
+    if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+ModelSpec load_model(const std::string& name_or_path) {
+  if (name_or_path.empty()) throw Error(ErrorCode::invalid_argument, "--model: expected a model name or a config.json path");
+  bool is_path = name_or_path.find('/') != std::string::npos ||
+                 (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
+  std::string path = is_path ? name_or_path : (fs::path(models_dir()) / (name_or_path + ".json")).string();
+  std::ifstream in(path);
+  if (!in) {
+    if (is_path) throw Error(ErrorCode::io, "cannot read model config " + path);
+    std::string names;
+    for (const std::string& n : shipped_models()) names += (names.empty() ? "" : ", ") + n;
+    throw Error(ErrorCode::unknown_name, "unknown model '" + name_or_path + "'; shipped: " +
+                                             (names.empty() ? "(none found in " + models_dir() + ")" : names) +
+                                             "; or give a path to a config.json");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  ModelSpec m = parse_model_config(text.str(), path);
+  if (!is_path) m.name = name_or_path;
+  return m;
+}
+
+}  // namespace opforge::model

@@ -1,0 +1,362 @@
+// The estimator: op calls of a model (layer.cpp) -> database answers -> per-layer and end-to-end
+// latency (docs/design.md, "Estimator").
+#include "model/estimate.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "opforge/error.h"
+
+namespace opforge::model {
+
+using perfdb::Answer;
+using perfdb::Method;
+using perfdb::PerfDataNotAvailable;
+
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return s;
+}
+
+// The copy bandwidth measured with the database's tables (every file records the one of its run).
+// Row-wise memory-bound ops first (their runs measure the copy ceiling of the device they time),
+// all_reduce last (its file may come from another machine size).
+double copy_ceiling_gbps(const perfdb::Database& db, std::string* from = nullptr) {
+  std::vector<std::string> order = {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "embedding"};
+  for (const std::string& op : db.ops())
+    if (op != "all_reduce" && std::find(order.begin(), order.end(), op) == order.end()) order.push_back(op);
+  order.push_back("all_reduce");
+  for (const std::string& op : order) {
+    if (!db.has_op(op)) continue;
+    const perfdb::OpTable& t = db.table(op);
+    if (t.header.ceiling_gbps > 0) {
+      if (from) *from = op;
+      return t.header.ceiling_gbps;
+    }
+  }
+  throw PerfDataNotAvailable("system '" + db.system() +
+                             "': no table records a copy ceiling (ceiling_gbps), needed for the modelled rows");
+}
+
+bool all_reduce_measured_at(const perfdb::Database& db, int64_t tp) {
+  if (!db.has_op("all_reduce")) return false;
+  for (const perfdb::Row& r : db.table("all_reduce").rows)
+    if (auto it = r.dims.find("tp"); it != r.dims.end() && it->second == tp) return true;
+  return false;
+}
+
+void finish_shares(std::vector<EstimateRow>& rows, double total) {
+  for (EstimateRow& r : rows) r.share = total > 0 ? r.total_us / total : 0;
+}
+
+double sum_us(const std::vector<EstimateRow>& rows) {
+  double s = 0;
+  for (const EstimateRow& r : rows) s += r.total_us;
+  return s;
+}
+
+}  // namespace
+
+// Note [ring all-reduce model]: a ring all-reduce moves 2(tp-1)/tp of the buffer through each
+// link (reduce-scatter + all-gather) in 2(tp-1) steps: t = 2(tp-1)/tp * bytes / bus_gbps +
+// 2(tp-1) * step_latency. Used for every tp the database has no all_reduce rows for; its answers
+// are marked "modelled". The constants:
+//   - calibrated, when the database has all_reduce rows at some other tp: at the largest measured
+//     tp, the step latency from its smallest message (t / 2(tp-1)) and the bus bandwidth from its
+//     largest (2(tp-1)/tp * bytes / (t - 2(tp-1) * latency));
+//   - else by the system's name: NVLink 4 (H100, H200 SXM): 360 GB/s (what NCCL reaches of the
+//     450 GB/s per direction), 1.5 us per step; NVLink 3 (A100): 230 GB/s, 2 us;
+//   - else (a CPU machine, ranks sharing host memory): the database's copy ceiling, 1 us per step.
+RingModel ring_model(const perfdb::Database& db) {
+  if (db.has_op("all_reduce")) {
+    const perfdb::Row *small = nullptr, *large = nullptr;
+    int64_t tp = 0;
+    for (const perfdb::Row& r : db.table("all_reduce").rows) tp = std::max(tp, r.dims.count("tp") ? r.dims.at("tp") : 0);
+    for (const perfdb::Row& r : db.table("all_reduce").rows) {
+      if (!r.dims.count("tp") || r.dims.at("tp") != tp || !r.dims.count("message_bytes") || r.median_us <= 0) continue;
+      if (!small || r.dims.at("message_bytes") < small->dims.at("message_bytes")) small = &r;
+      if (!large || r.dims.at("message_bytes") > large->dims.at("message_bytes")) large = &r;
+    }
+    if (tp > 1 && small && large && large != small) {
+      const double steps = 2.0 * double(tp - 1), share = steps / double(tp);
+      const double latency = small->median_us / steps;
+      const double wire_us = large->median_us - steps * latency;
+      if (wire_us > 0) {
+        const double gbps = share * double(large->dims.at("message_bytes")) / wire_us / 1e3;
+        return {gbps, latency,
+                fmt::format("calibrated on the measured all_reduce at tp={} ({} and {} bytes)", tp,
+                            small->dims.at("message_bytes"), large->dims.at("message_bytes"))};
+      }
+    }
+  }
+  const std::string name = lower(db.system());
+  if (name.find("h100") != std::string::npos || name.find("h200") != std::string::npos)
+    return {360.0, 1.5, "NVLink 4 constants (system name names an H100/H200)"};
+  if (name.find("a100") != std::string::npos) return {230.0, 2.0, "NVLink 3 constants (system name names an A100)"};
+  std::string op;
+  double gbps = copy_ceiling_gbps(db, &op);
+  return {gbps, 1.0, "shared-memory ranks at the copy ceiling of the " + op + " table"};
+}
+
+double ring_all_reduce_us(const RingModel& r, double bytes, int64_t tp) {
+  if (tp <= 1) return 0;
+  const double t = double(tp);
+  return 2.0 * (t - 1.0) / t * bytes / (r.bus_gbps * 1e3) + 2.0 * (t - 1.0) * r.step_latency_us;
+}
+
+Answer answer_call(const perfdb::Database& db, const OpCall& c, const std::string& impl, const std::string& dtype) {
+  if (c.modelled_bytes > 0) {
+    std::string op;
+    const double gbps = copy_ceiling_gbps(db, &op);
+    Answer a;
+    a.us = c.modelled_bytes / (gbps * 1e3);
+    a.method = Method::modelled;
+    a.impl = "host loop";
+    a.how = fmt::format("{:.0f} bytes at the copy ceiling {:.1f} GB/s ({} table)", c.modelled_bytes, gbps, op);
+    return a;
+  }
+  if (c.op == "all_reduce" && !all_reduce_measured_at(db, c.dims.at("tp"))) {
+    const RingModel r = ring_model(db);
+    const int64_t tp = c.dims.at("tp");
+    Answer a;
+    a.us = ring_all_reduce_us(r, double(c.dims.at("message_bytes")), tp);
+    a.method = Method::modelled;
+    a.impl = "ring";
+    a.how = fmt::format("ring model, {:.0f} GB/s, {:.1f} us/step, {} steps: {}; no all_reduce measured at tp={}",
+                        r.bus_gbps, r.step_latency_us, 2 * (tp - 1), r.source, tp);
+    return a;
+  }
+  return db.query(c.op, impl, dtype, c.dims);
+}
+
+std::vector<EstimateRow> estimate_calls(const perfdb::Database& db, const std::vector<OpCall>& calls,
+                                        const std::string& impl, const std::string& dtype) {
+  std::vector<EstimateRow> rows;
+  for (const OpCall& c : calls) {
+    EstimateRow r;
+    r.call = c;
+    try {
+      r.answer = answer_call(db, c, impl, dtype);
+    } catch (const PerfDataNotAvailable& e) {
+      throw PerfDataNotAvailable(c.name + " (" + c.op + " " + dims_str(c.dims, c.op) + "): " + e.what());
+    }
+    r.total_us = r.answer.us * double(c.count);
+    rows.push_back(std::move(r));
+  }
+  finish_shares(rows, sum_us(rows));
+  return rows;
+}
+
+PhaseEstimate estimate_phase(const ModelSpec& m, const perfdb::Database& db, const Workload& w, const std::string& impl) {
+  PhaseEstimate p;
+  p.workload = w;
+  p.layer = estimate_calls(db, decoder_layer(m, w), impl, w.dtype);
+  p.layer_us = sum_us(p.layer);
+  p.head = estimate_calls(db, model_head(m, w), impl, w.dtype);
+  p.head_us = sum_us(p.head);
+  p.total_us = double(m.layers) * p.layer_us + p.head_us;
+  return p;
+}
+
+namespace {
+
+Workload prefill_of(const EstimateOptions& o) {
+  Workload w = Workload::prefill(o.batch, o.input_len, o.tp);
+  w.dtype = o.dtype;
+  return w;
+}
+
+// The decode step at the mean context over the generated tokens: input_len + output_len / 2.
+Workload decode_of(const EstimateOptions& o) {
+  Workload w = Workload::decode(o.batch, o.input_len + o.output_len / 2, o.tp);
+  w.dtype = o.dtype;
+  return w;
+}
+
+}  // namespace
+
+void validate_options(const ModelSpec& m, const EstimateOptions& o) {
+  if (o.input_len < 1)
+    throw Error(ErrorCode::invalid_argument, "--input-len: expected at least 1 token, got " + std::to_string(o.input_len));
+  if (o.output_len < 0)
+    throw Error(ErrorCode::invalid_argument, "--output-len: expected 0 or more tokens, got " + std::to_string(o.output_len));
+  validate_workload(m, prefill_of(o));
+}
+
+Estimate estimate(const ModelSpec& m, const perfdb::Database& db, const EstimateOptions& o) {
+  validate_options(m, o);
+  Estimate e;
+  e.model = m;
+  e.system = db.system();
+  e.options = o;
+  e.prefill = estimate_phase(m, db, prefill_of(o), o.impl);
+  e.decode = estimate_phase(m, db, decode_of(o), o.impl);
+  e.ttft_us = e.prefill.total_us;
+  e.tpot_us = e.decode.total_us;
+  e.tokens_per_s = e.tpot_us > 0 ? double(o.batch) / (e.tpot_us * 1e-6) : 0;
+  return e;
+}
+
+// ---- text and JSON ---------------------------------------------------------------------------
+
+std::string format_rows(const std::vector<EstimateRow>& rows) {
+  std::string s = fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11} {:>11} {:>6}  {}\n", "op", "kernel", "op name",
+                              "shapes", "calls", "us/call", "us", "share", "how");
+  for (const EstimateRow& r : rows) {
+    const std::string how = std::string(perfdb::method_name(r.answer.method)) +
+                            (r.answer.how.empty() ? "" : ": " + r.answer.how) +
+                            (r.call.note.empty() ? "" : " [" + r.call.note + "]");
+    s += fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11.2f} {:>11.2f} {:>5.1f}%  {}\n", r.call.name,
+                     r.answer.impl, r.call.op.empty() ? "(modelled)" : r.call.op, dims_str(r.call.dims, r.call.op),
+                     r.call.count, r.answer.us, r.total_us, 100.0 * r.share, how);
+  }
+  return s;
+}
+
+namespace {
+
+std::string workload_str(const Workload& w) {
+  if (w.phase == Phase::prefill)
+    return fmt::format("prefill: {} sequence(s) x {} tokens = {} tokens, tp {}, {}", w.batch, w.tokens,
+                       w.total_tokens(), w.tp, w.dtype);
+  return fmt::format("decode step: {} sequence(s) at context {}, tp {}, {}", w.batch, w.context, w.tp, w.dtype);
+}
+
+std::string format_phase(const ModelSpec& m, const PhaseEstimate& p) {
+  std::string s = workload_str(p.workload) + "\n";
+  s += " one decoder layer:\n" + format_rows(p.layer);
+  s += fmt::format("  layer total: {:.2f} us x {} layers = {:.3f} ms\n", p.layer_us, m.layers,
+                   p.layer_us * double(m.layers) / 1e3);
+  s += " once per forward:\n" + format_rows(p.head);
+  s += fmt::format("  head total: {:.2f} us\n", p.head_us);
+  s += fmt::format(" {} total: {:.3f} ms\n\n", phase_name(p.workload.phase), p.total_us / 1e3);
+  return s;
+}
+
+nlohmann::json rows_json(const std::vector<EstimateRow>& rows) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const EstimateRow& r : rows) {
+    nlohmann::json dims = nlohmann::json::object();
+    for (const auto& [k, v] : r.call.dims) dims[k] = v;
+    nlohmann::json j{{"name", r.call.name},   {"op", r.call.op},          {"kernel", r.answer.impl},
+                     {"dims", dims},          {"shapes", dims_str(r.call.dims, r.call.op)},
+                     {"calls", r.call.count}, {"us_per_call", r.answer.us}, {"us", r.total_us},
+                     {"share", r.share},      {"method", perfdb::method_name(r.answer.method)},
+                     {"how", r.answer.how},   {"note", r.call.note}};
+    if (r.answer.energy_uj) j["energy_uj_per_call"] = *r.answer.energy_uj;
+    a.push_back(j);
+  }
+  return a;
+}
+
+nlohmann::json phase_json(const ModelSpec& m, const PhaseEstimate& p) {
+  const Workload& w = p.workload;
+  return {{"phase", phase_name(w.phase)},
+          {"batch", w.batch},
+          {"tokens_per_sequence", w.tokens},
+          {"context", w.context},
+          {"tokens", w.total_tokens()},
+          {"layer", rows_json(p.layer)},
+          {"layer_us", p.layer_us},
+          {"layers", m.layers},
+          {"head", rows_json(p.head)},
+          {"head_us", p.head_us},
+          {"total_us", p.total_us}};
+}
+
+}  // namespace
+
+std::string format_estimate(const Estimate& e) {
+  const ModelSpec& m = e.model;
+  std::string s = fmt::format("{} ({}, {}): {} layers, hidden {}, {} q / {} kv heads x {}, vocab {}{}\n", m.name,
+                              m.architecture, family_name(m.family), m.layers, m.hidden, m.heads, m.kv_heads,
+                              m.head_dim, m.vocab,
+                              m.is_moe() ? fmt::format(", {} experts (top {})", m.experts, m.experts_per_token) : "");
+  s += fmt::format("system {}, impl {}, input {} tokens, output {} tokens\n\n", e.system, e.options.impl,
+                   e.options.input_len, e.options.output_len);
+  s += format_phase(m, e.prefill);
+  s += format_phase(m, e.decode);
+  s += fmt::format("TTFT {:.3f} ms   TPOT {:.3f} ms   {:.1f} tokens/s (batch {} / TPOT)\n", e.ttft_us / 1e3,
+                   e.tpot_us / 1e3, e.tokens_per_s, e.options.batch);
+  return s;
+}
+
+std::string estimate_json(const Estimate& e) {
+  const ModelSpec& m = e.model;
+  nlohmann::json j{{"model", m.name},
+                   {"config", m.path},
+                   {"architecture", m.architecture},
+                   {"family", family_name(m.family)},
+                   {"system", e.system},
+                   {"impl", e.options.impl},
+                   {"dtype", e.options.dtype},
+                   {"tp", e.options.tp},
+                   {"batch", e.options.batch},
+                   {"input_len", e.options.input_len},
+                   {"output_len", e.options.output_len},
+                   {"decode_context", e.decode.workload.context},
+                   {"prefill", phase_json(m, e.prefill)},
+                   {"decode", phase_json(m, e.decode)},
+                   {"ttft_us", e.ttft_us},
+                   {"tpot_us", e.tpot_us},
+                   {"tokens_per_s", e.tokens_per_s}};
+  return j.dump(2);
+}
+
+void write_estimate_json(const Estimate& e, const std::string& path) {
+  std::ofstream f(path);
+  if (!f) throw Error(ErrorCode::io, "cannot write " + path);
+  f << estimate_json(e) << "\n";
+  if (!f) throw Error(ErrorCode::io, "cannot write " + path);
+}
+
+// ---- support -------------------------------------------------------------------------------
+
+std::vector<SupportRow> model_support(const ModelSpec& m, const perfdb::Database& db, const EstimateOptions& o) {
+  validate_options(m, o);
+  std::vector<SupportRow> out;
+  for (const Workload& w : {prefill_of(o), decode_of(o)}) {
+    for (const char* block : {"layer", "head"}) {
+      const std::vector<OpCall> calls = std::string(block) == "layer" ? decoder_layer(m, w) : model_head(m, w);
+      for (const OpCall& c : calls) {
+        SupportRow r;
+        r.phase = w.phase;
+        r.block = block;
+        r.call = c;
+        try {
+          Answer a = answer_call(db, c, o.impl, w.dtype);
+          r.ok = true;
+          r.status = perfdb::method_name(a.method);
+          r.detail = a.impl + (a.how.empty() ? "" : ": " + a.how);
+        } catch (const PerfDataNotAvailable& e) {
+          r.status = "missing";
+          r.detail = e.what();
+        }
+        out.push_back(std::move(r));
+      }
+    }
+  }
+  return out;
+}
+
+std::string format_support(const std::vector<SupportRow>& rows) {
+  std::string s = fmt::format("{:<8} {:<6} {:<16} {:<26} {:<56} {:<13} {}\n", "phase", "block", "call", "op", "shapes",
+                              "status", "detail");
+  int missing = 0;
+  for (const SupportRow& r : rows) {
+    missing += r.ok ? 0 : 1;
+    s += fmt::format("{:<8} {:<6} {:<16} {:<26} {:<56} {:<13} {}\n", phase_name(r.phase), r.block, r.call.name,
+                     r.call.op.empty() ? "(modelled)" : r.call.op, dims_str(r.call.dims, r.call.op), r.status, r.detail);
+  }
+  s += missing ? fmt::format("{} of {} calls have no data\n", missing, rows.size())
+               : fmt::format("all {} calls answered\n", rows.size());
+  return s;
+}
+
+}  // namespace opforge::model

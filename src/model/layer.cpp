@@ -1,0 +1,238 @@
+// The decoder layer of each family as op calls with database dims (docs/design.md, "Estimator").
+//
+// Steady-state layer of vLLM's forward: the input norm adds the previous layer's MLP output to the
+// residual stream (fused_add_rms_norm; only layer 0 uses a plain rms_norm, a difference below the
+// noise of one norm), the fused qkv GEMM, the split of its output into contiguous q, k, v (opforge's
+// attention takes contiguous heads; vLLM moves the k/v part of these bytes when it writes the KV
+// cache), [q/k norm per head], rotary, attention, o_proj, [all_reduce], the post-attention norm
+// that adds the attention output to the residual, the MLP (or MoE block), [all_reduce].
+#include <algorithm>
+#include <cmath>
+
+#include "model/model.h"
+#include "opforge/dtype.h"
+#include "opforge/error.h"
+
+namespace opforge::model {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::invalid_argument, what); }
+
+OpCall call(std::string name, std::string op, perfdb::Dims dims, int64_t count = 1, std::string note = "") {
+  OpCall c;
+  c.name = std::move(name);
+  c.op = std::move(op);
+  c.dims = std::move(dims);
+  c.count = count;
+  c.note = std::move(note);
+  return c;
+}
+
+OpCall modelled(std::string name, double bytes, std::string note) {
+  OpCall c;
+  c.name = std::move(name);
+  c.op = "";
+  c.dims = {{"bytes", int64_t(bytes)}};
+  c.modelled_bytes = bytes;
+  c.note = std::move(note);
+  return c;
+}
+
+int64_t element_size(const Workload& w) { return dtype_size(parse_dtype(w.dtype)); }
+
+// Row norm: plain or Gemma's (1 + w) form; `fused` adds the residual first.
+std::string norm_op(const ModelSpec& m, bool fused) {
+  if (m.is_gemma()) return fused ? "gemma_fused_add_rms_norm" : "gemma_rms_norm";
+  return fused ? "fused_add_rms_norm" : "rms_norm";
+}
+
+void all_reduce(std::vector<OpCall>& calls, const char* name, const Workload& w, int64_t hidden) {
+  if (w.tp <= 1) return;
+  calls.push_back(call(name, "all_reduce", {{"message_bytes", w.total_tokens() * hidden * element_size(w)}, {"tp", w.tp}}));
+}
+
+void dense_mlp(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s, int64_t T) {
+  calls.push_back(call("gate_up_proj", "linear", {{"tokens", T}, {"n", 2 * s.intermediate}, {"k", m.hidden}}));
+  calls.push_back(call("act", m.is_gemma() ? "gelu_and_mul" : "silu_and_mul", {{"tokens", T}, {"d", s.intermediate}},
+                       1, m.is_gemma() ? "approximate=tanh" : ""));
+  calls.push_back(call("down_proj", "linear", {{"tokens", T}, {"n", m.hidden}, {"k", s.intermediate}}));
+}
+
+// Note [moe expected load]: the router sends T*k (token, expert) pairs to E experts. Under uniform
+// routing the expected number of distinct experts hit is E(1 - (1 - k/E)^T); each runs its two
+// GEMMs at ceil(T*k / active) rows. When T*k >= E many times over this is E experts at
+// ceil(T*k/E) rows; at small batches it counts only the experts that run (decode at batch 1 runs
+// k experts, not E). The activation runs once over all T*k rows. Gather and combine are not ops
+// in opforge: they are modelled from their bytes at the copy ceiling (run-layer times the same
+// host loops, so predicted and measured compare like with like).
+void moe_block(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s, const Workload& w, int64_t T) {
+  const int64_t E = m.experts, k = m.experts_per_token, H = m.hidden, es = element_size(w);
+  const int64_t pairs = T * k;
+  const int64_t active = expected_active_experts(E, k, T);
+  const int64_t rows = (pairs + active - 1) / active;
+  const std::string note = str(active) + " of " + str(E) + " experts expected active, " + str(rows) +
+                           " rows each (Note [moe expected load])";
+  calls.push_back(call("router", "linear", {{"tokens", T}, {"n", E}, {"k", H}}));
+  calls.push_back(call("topk_softmax", "topk_softmax", {{"tokens", T}, {"experts", E}, {"k", k}}, 1,
+                       m.norm_topk_prob ? "renormalize" : ""));
+  calls.push_back(modelled("moe_gather", 2.0 * double(pairs * H * es), "copy of T*k token rows, grouped by expert"));
+  calls.push_back(call("expert_gate_up", "linear", {{"tokens", rows}, {"n", 2 * s.moe_intermediate}, {"k", H}},
+                       active, note));
+  calls.push_back(call("expert_act", "silu_and_mul", {{"tokens", pairs}, {"d", s.moe_intermediate}}));
+  calls.push_back(call("expert_down", "linear", {{"tokens", rows}, {"n", H}, {"k", s.moe_intermediate}}, active, note));
+  calls.push_back(modelled("moe_combine", double(pairs * H * es + T * H * es + pairs * 4),
+                           "weighted sum of the k expert rows of each token"));
+}
+
+}  // namespace
+
+const char* phase_name(Phase p) { return p == Phase::prefill ? "prefill" : "decode"; }
+
+Workload Workload::prefill(int64_t batch, int64_t tokens, int64_t tp) {
+  Workload w;
+  w.phase = Phase::prefill;
+  w.batch = batch;
+  w.tokens = tokens;
+  w.tp = tp;
+  return w;
+}
+
+Workload Workload::decode(int64_t batch, int64_t context, int64_t tp) {
+  Workload w;
+  w.phase = Phase::decode;
+  w.batch = batch;
+  w.context = context;
+  w.tp = tp;
+  return w;
+}
+
+TpShapes tp_shapes(const ModelSpec& m, int64_t tp) {
+  if (tp < 1) bad("--tp: expected a tensor-parallel degree >= 1, got " + str(tp));
+  if (m.heads % tp != 0)
+    bad("--tp " + str(tp) + ": the " + str(m.heads) + " attention heads of " + m.name +
+        " do not divide by the tensor-parallel degree");
+  TpShapes s;
+  s.q_heads = m.heads / tp;
+  if (tp <= m.kv_heads) {
+    if (m.kv_heads % tp != 0)
+      bad("--tp " + str(tp) + ": the " + str(m.kv_heads) + " kv heads of " + m.name + " do not divide by it");
+    s.kv_heads = m.kv_heads / tp;
+  } else {
+    if (tp % m.kv_heads != 0)
+      bad("--tp " + str(tp) + ": more GPUs than the " + str(m.kv_heads) + " kv heads of " + m.name +
+          " need a multiple of them (each kv head is replicated tp / kv_heads times)");
+    s.kv_heads = 1;
+  }
+  if (m.intermediate % tp != 0)
+    bad("--tp " + str(tp) + ": intermediate_size " + str(m.intermediate) + " of " + m.name + " does not divide by it");
+  s.intermediate = m.intermediate / tp;
+  if (m.is_moe()) {
+    if (m.moe_intermediate % tp != 0)
+      bad("--tp " + str(tp) + ": the expert intermediate size " + str(m.moe_intermediate) + " of " + m.name +
+          " does not divide by it");
+    s.moe_intermediate = m.moe_intermediate / tp;
+  }
+  s.vocab = (m.vocab + tp - 1) / tp;
+  return s;
+}
+
+void validate_workload(const ModelSpec& m, const Workload& w) {
+  if (w.batch < 1) bad("--batch: expected at least 1 sequence, got " + str(w.batch));
+  if (w.phase == Phase::prefill && w.tokens < 1)
+    bad("--input-len: expected at least 1 prompt token, got " + str(w.tokens));
+  if (w.phase == Phase::decode && w.context < 1)
+    bad("--context: expected a context of at least 1 token, got " + str(w.context));
+  DType dt = parse_dtype(w.dtype);  // unknown name -> Error listing the valid ones
+  if (!is_floating(dt)) bad("--dtype: expected a floating dtype (bf16, f16, f32), got " + w.dtype);
+  tp_shapes(m, w.tp);
+}
+
+int64_t expected_active_experts(int64_t experts, int64_t k, int64_t tokens) {
+  const double e = double(experts);
+  const double expected = e * (1.0 - std::pow(1.0 - double(k) / e, double(tokens)));
+  const int64_t most = std::min(experts, tokens * k);
+  return std::clamp<int64_t>(int64_t(std::llround(expected)), std::min<int64_t>(1, most), most);
+}
+
+std::vector<OpCall> decoder_layer(const ModelSpec& m, const Workload& w) {
+  validate_workload(m, w);
+  const TpShapes s = tp_shapes(m, w.tp);
+  const int64_t T = w.total_tokens(), H = m.hidden, D = m.head_dim, q = s.q_heads, kv = s.kv_heads;
+  std::vector<OpCall> calls;
+  calls.push_back(call("input_norm", norm_op(m, true), {{"tokens", T}, {"hidden", H}}));
+  calls.push_back(call("qkv_proj", "linear", {{"tokens", T}, {"n", (q + 2 * kv) * D}, {"k", H}}));
+  calls.push_back(modelled("qkv_split", 2.0 * double(T * (q + 2 * kv) * D * element_size(w)),
+                           "copy of the qkv output into contiguous q, k, v"));
+  if (m.has_qk_norm()) {
+    calls.push_back(call("q_norm", norm_op(m, false), {{"tokens", T * q}, {"hidden", D}}, 1, "per head"));
+    calls.push_back(call("k_norm", norm_op(m, false), {{"tokens", T * kv}, {"hidden", D}}, 1, "per head"));
+  }
+  calls.push_back(call("rotary", "rotary_embedding", {{"tokens", T}, {"q_heads", q}, {"kv_heads", kv}, {"head_size", D}}));
+  if (w.phase == Phase::prefill)
+    calls.push_back(call("attention", "attention_prefill",
+                         {{"batch", w.batch}, {"tokens", w.tokens}, {"q_heads", q}, {"kv_heads", kv}, {"head_dim", D}}));
+  else
+    calls.push_back(call("attention", "attention_decode",
+                         {{"batch", w.batch}, {"context", w.context}, {"q_heads", q}, {"kv_heads", kv}, {"head_dim", D}}));
+  calls.push_back(call("o_proj", "linear", {{"tokens", T}, {"n", H}, {"k", q * D}}));
+  all_reduce(calls, "attn_all_reduce", w, H);
+  if (m.is_gemma()) {
+    calls.push_back(call("post_attn_norm", norm_op(m, false), {{"tokens", T}, {"hidden", H}}));
+    calls.push_back(call("pre_ffn_norm", norm_op(m, true), {{"tokens", T}, {"hidden", H}}));
+  } else {
+    calls.push_back(call("post_attn_norm", norm_op(m, true), {{"tokens", T}, {"hidden", H}}));
+  }
+  if (m.is_moe())
+    moe_block(calls, m, s, w, T);
+  else
+    dense_mlp(calls, m, s, T);
+  all_reduce(calls, "mlp_all_reduce", w, H);
+  if (m.is_gemma()) calls.push_back(call("post_ffn_norm", norm_op(m, false), {{"tokens", T}, {"hidden", H}}));
+  return calls;
+}
+
+std::vector<OpCall> model_head(const ModelSpec& m, const Workload& w) {
+  validate_workload(m, w);
+  const TpShapes s = tp_shapes(m, w.tp);
+  const int64_t T = w.total_tokens();
+  std::vector<OpCall> calls;
+  // The gather reads `hidden` values per token whatever the vocab; the full table is queried (the
+  // vocab-parallel split changes which rank holds a row, not the bytes moved per token).
+  calls.push_back(call("embedding", "embedding", {{"tokens", T}, {"vocab", m.vocab}, {"hidden", m.hidden}}));
+  all_reduce(calls, "embed_all_reduce", w, m.hidden);
+  calls.push_back(call("final_norm", norm_op(m, true), {{"tokens", T}, {"hidden", m.hidden}}));
+  // vLLM computes logits only for the last token of each sequence (prefill) and for every new
+  // token (decode): `batch` rows either way.
+  calls.push_back(call("lm_head", "linear", {{"tokens", w.batch}, {"n", s.vocab}, {"k", m.hidden}}, 1,
+                       w.phase == Phase::prefill ? "last token of each sequence" : ""));
+  return calls;
+}
+
+std::string dims_str(const perfdb::Dims& dims, const std::string& op) {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> order = {
+      {"linear", {"tokens", "n", "k"}},
+      {"rotary_embedding", {"tokens", "q_heads", "kv_heads", "head_size"}},
+      {"attention_prefill", {"batch", "tokens", "q_heads", "kv_heads", "head_dim"}},
+      {"attention_decode", {"batch", "context", "q_heads", "kv_heads", "head_dim"}},
+      {"topk_softmax", {"tokens", "experts", "k"}},
+      {"embedding", {"tokens", "vocab", "hidden"}},
+      {"all_reduce", {"message_bytes", "tp"}},
+      {"silu_and_mul", {"tokens", "d"}},
+      {"gelu_and_mul", {"tokens", "d"}},
+  };
+  std::vector<std::string> names;
+  for (const auto& [name, list] : order)
+    if (name == op) names = list;
+  if (names.empty()) names = {"tokens", "hidden"};
+  std::string s;
+  for (const std::string& n : names)
+    if (auto it = dims.find(n); it != dims.end()) s += (s.empty() ? "" : " ") + n + "=" + std::to_string(it->second);
+  for (const auto& [n, v] : dims)  // anything not in the order table, by name
+    if (std::find(names.begin(), names.end(), n) == names.end()) s += (s.empty() ? "" : " ") + n + "=" + std::to_string(v);
+  return s;
+}
+
+}  // namespace opforge::model

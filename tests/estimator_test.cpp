@@ -1,0 +1,449 @@
+// Model configs, the decoder layer as op calls, the estimator against a synthetic perf database
+// written to a temporary folder, support, and run-layer on a tiny config.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/estimate.h"
+#include "model/model.h"
+#include "model/run_layer.h"
+#include "opforge/error.h"
+#include "opforge/perfdb.h"
+
+namespace fs = std::filesystem;
+using namespace opforge;
+using namespace opforge::model;
+using ::testing::HasSubstr;
+
+namespace {
+
+template <class E = Error, class F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+const char* kTiny = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+  "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2, "vocab_size": 100})";
+const char* kTinyMoe = R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+  "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "num_attention_heads": 2,
+  "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 100})";
+
+const std::map<std::string, std::vector<std::string>>& dim_order() {
+  static const std::map<std::string, std::vector<std::string>> order = {
+      {"rms_norm", {"tokens", "hidden"}},
+      {"fused_add_rms_norm", {"tokens", "hidden"}},
+      {"gemma_rms_norm", {"tokens", "hidden"}},
+      {"gemma_fused_add_rms_norm", {"tokens", "hidden"}},
+      {"silu_and_mul", {"tokens", "d"}},
+      {"gelu_and_mul", {"tokens", "d"}},
+      {"rotary_embedding", {"tokens", "q_heads", "kv_heads", "head_size"}},
+      {"linear", {"tokens", "n", "k"}},
+      {"attention_prefill", {"batch", "tokens", "q_heads", "kv_heads", "head_dim"}},
+      {"attention_decode", {"batch", "context", "q_heads", "kv_heads", "head_dim"}},
+      {"topk_softmax", {"tokens", "experts", "k"}},
+      {"embedding", {"tokens", "vocab", "hidden"}},
+      {"all_reduce", {"message_bytes", "tp"}},
+  };
+  return order;
+}
+
+// A database holding exactly the points a model's calls query, each at a time derived from its
+// dims, written in the documented CSV format (perfdb.h).
+struct SyntheticDb {
+  fs::path root;
+  std::string system = "synthetic-cpu";
+  double ceiling_gbps = 20.0;
+  std::map<std::string, std::map<perfdb::Dims, double>> points;  // op -> dims -> us
+
+  SyntheticDb() {
+    root = fs::temp_directory_path() / ("opforge_estimator_test_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(counter()++));
+    fs::create_directories(root / system);
+  }
+  ~SyntheticDb() { fs::remove_all(root); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+  static double us_of(const perfdb::Dims& d) {
+    double s = 1.0;
+    for (const auto& [k, v] : d) s += std::fmod(double(v) * 0.37 + double(k.size()), 17.0);
+    return s;
+  }
+  void add(const std::vector<OpCall>& calls) {
+    for (const OpCall& c : calls)
+      if (c.modelled_bytes == 0) points[c.op][c.dims] = us_of(c.dims);
+  }
+  void write(const std::set<std::string>& skip = {}) const {
+    for (const auto& [op, rows] : points) {
+      if (skip.count(op)) continue;
+      std::ofstream f(root / system / (op + ".csv"));
+      const std::vector<std::string>& dims = dim_order().at(op);
+      f << "# opforge-perfdb 1\n# system: " << system << "\n# op: " << op
+        << "\n# device: test\n# commit: unknown\n# date: 2026-11-26\n# ceiling_gbps: " << ceiling_gbps
+        << "\n# ceiling_gflops: 100\n# axes: " << dims[0] << "\nimpl,dtype";
+      for (const std::string& d : dims) f << "," << d;
+      f << ",median_us,bytes,flops,energy_uj\n";
+      for (const auto& [d, us] : rows) {
+        f << "cpu,bf16";
+        for (const std::string& n : dims) f << "," << d.at(n);
+        f << "," << us << ",1000,1000,\n";
+        f << "reference,bf16";  // slower impl: "auto" must pick cpu
+        for (const std::string& n : dims) f << "," << d.at(n);
+        f << "," << us * 10 << ",1000,1000,\n";
+      }
+    }
+  }
+  perfdb::Database load() const { return perfdb::Database::load(system, root.string()); }
+  double expected(const std::vector<OpCall>& calls) const {
+    double s = 0;
+    for (const OpCall& c : calls)
+      s += double(c.count) * (c.modelled_bytes > 0 ? c.modelled_bytes / (ceiling_gbps * 1e3) : points.at(c.op).at(c.dims));
+    return s;
+  }
+};
+
+std::vector<std::string> names(const std::vector<OpCall>& calls) {
+  std::vector<std::string> n;
+  for (const OpCall& c : calls) n.push_back(c.name);
+  return n;
+}
+
+const OpCall& find(const std::vector<OpCall>& calls, const std::string& name) {
+  for (const OpCall& c : calls)
+    if (c.name == name) return c;
+  throw std::runtime_error("no call " + name);
+}
+
+}  // namespace
+
+TEST(ModelConfig, ShippedModelsHaveTheirPublicDims) {
+  ModelSpec l8 = load_model("llama-3.1-8b");
+  EXPECT_EQ(l8.family, Family::llama);
+  EXPECT_EQ(l8.hidden, 4096);
+  EXPECT_EQ(l8.intermediate, 14336);
+  EXPECT_EQ(l8.heads, 32);
+  EXPECT_EQ(l8.kv_heads, 8);
+  EXPECT_EQ(l8.head_dim, 128);
+  EXPECT_EQ(l8.layers, 32);
+  EXPECT_EQ(l8.vocab, 128256);
+  EXPECT_DOUBLE_EQ(l8.rms_norm_eps, 1e-5);
+  ModelSpec l70 = load_model("llama-3.1-70b");
+  EXPECT_EQ(l70.hidden, 8192);
+  EXPECT_EQ(l70.intermediate, 28672);
+  EXPECT_EQ(l70.heads, 64);
+  EXPECT_EQ(l70.kv_heads, 8);
+  EXPECT_EQ(l70.layers, 80);
+  ModelSpec q8 = load_model("qwen3-8b");
+  EXPECT_EQ(q8.family, Family::qwen3);
+  EXPECT_TRUE(q8.has_qk_norm());
+  EXPECT_EQ(q8.intermediate, 12288);
+  EXPECT_EQ(q8.layers, 36);
+  EXPECT_EQ(q8.vocab, 151936);
+  ModelSpec q30 = load_model("qwen3-30b-a3b");
+  EXPECT_EQ(q30.family, Family::qwen3_moe);
+  EXPECT_EQ(q30.hidden, 2048);
+  EXPECT_EQ(q30.heads, 32);
+  EXPECT_EQ(q30.kv_heads, 4);
+  EXPECT_EQ(q30.head_dim, 128);  // not hidden / heads = 64
+  EXPECT_EQ(q30.layers, 48);
+  EXPECT_EQ(q30.experts, 128);
+  EXPECT_EQ(q30.experts_per_token, 8);
+  EXPECT_EQ(q30.moe_intermediate, 768);
+  EXPECT_TRUE(q30.norm_topk_prob);
+  ModelSpec mx = load_model("mixtral-8x7b");
+  EXPECT_EQ(mx.family, Family::mixtral);
+  EXPECT_EQ(mx.experts, 8);
+  EXPECT_EQ(mx.experts_per_token, 2);
+  EXPECT_EQ(mx.moe_intermediate, 14336);
+  EXPECT_EQ(mx.vocab, 32000);
+  EXPECT_EQ(shipped_models().size(), 5u);
+}
+
+TEST(ModelConfig, GemmaTextConfigIsNested) {
+  ModelSpec g = parse_model_config(R"({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {
+    "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "num_hidden_layers": 34, "vocab_size": 262208}})", "gemma3.json");
+  EXPECT_EQ(g.family, Family::gemma3);
+  EXPECT_EQ(g.hidden, 2560);
+  EXPECT_EQ(g.head_dim, 256);
+  std::vector<OpCall> layer = decoder_layer(g, Workload::prefill(1, 16));
+  EXPECT_EQ(find(layer, "input_norm").op, "gemma_fused_add_rms_norm");
+  EXPECT_EQ(find(layer, "q_norm").op, "gemma_rms_norm");
+  EXPECT_EQ(find(layer, "act").op, "gelu_and_mul");
+  EXPECT_EQ(find(layer, "post_ffn_norm").op, "gemma_rms_norm");
+}
+
+TEST(ModelConfig, UnknownArchitectureListsTheSupportedOnes) {
+  std::string msg = error_of([] { parse_model_config(R"({"architectures": ["FalconForCausalLM"]})", "falcon.json"); });
+  EXPECT_THAT(msg, HasSubstr("FalconForCausalLM"));
+  EXPECT_THAT(msg, HasSubstr("LlamaForCausalLM"));
+  EXPECT_THAT(msg, HasSubstr("Qwen3MoeForCausalLM"));
+  EXPECT_THAT(msg, HasSubstr("Gemma2ForCausalLM"));
+  EXPECT_THAT(error_of([] { load_model("no-such-model"); }), HasSubstr("llama-3.1-8b"));
+}
+
+TEST(ModelConfig, MissingOrBadFieldNamesFieldAndFile) {
+  std::string msg = error_of([] {
+    parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "num_attention_heads": 2})", "cfg/broken.json");
+  });
+  EXPECT_THAT(msg, HasSubstr("hidden_size"));
+  EXPECT_THAT(msg, HasSubstr("cfg/broken.json"));
+  EXPECT_THAT(error_of([] {
+                parse_model_config(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64,
+                  "intermediate_size": 128, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 10})",
+                                   "m.json");
+              }),
+              HasSubstr("num_local_experts"));
+  EXPECT_THAT(error_of([] {
+                parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": -4})", "neg.json");
+              }),
+              HasSubstr("hidden_size"));
+  EXPECT_THAT(error_of([] { parse_model_config("{not json", "x.json"); }), HasSubstr("x.json"));
+}
+
+TEST(ModelConfig, BadWorkloadsAreErrors) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  EXPECT_THAT(error_of([&] { decoder_layer(m, Workload::prefill(1, 128, 3)); }), HasSubstr("32 attention heads"));
+  EXPECT_THAT(error_of([&] { decoder_layer(m, Workload::prefill(1, 128, 64)); }), HasSubstr("--tp 64"));
+  EXPECT_THAT(error_of([&] { decoder_layer(m, Workload::prefill(0, 128)); }), HasSubstr("--batch"));
+  EXPECT_THAT(error_of([&] { decoder_layer(m, Workload::prefill(1, -5)); }), HasSubstr("--input-len"));
+  EXPECT_THAT(error_of([&] { decoder_layer(m, Workload::decode(1, 0)); }), HasSubstr("--context"));
+  // tp 16 > 8 kv heads: kv heads replicate (one per GPU), query heads split.
+  TpShapes s = tp_shapes(m, 16);
+  EXPECT_EQ(s.q_heads, 2);
+  EXPECT_EQ(s.kv_heads, 1);
+}
+
+TEST(DecoderLayer, Llama8bAtTp1And2) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  std::vector<OpCall> l1 = decoder_layer(m, Workload::prefill(2, 512));
+  EXPECT_EQ(names(l1), (std::vector<std::string>{"input_norm", "qkv_proj", "qkv_split", "rotary", "attention", "o_proj",
+                                                 "post_attn_norm", "gate_up_proj", "act", "down_proj"}));
+  EXPECT_EQ(find(l1, "input_norm").dims, (perfdb::Dims{{"tokens", 1024}, {"hidden", 4096}}));
+  EXPECT_EQ(find(l1, "qkv_proj").dims, (perfdb::Dims{{"tokens", 1024}, {"n", 6144}, {"k", 4096}}));
+  EXPECT_EQ(find(l1, "rotary").dims,
+            (perfdb::Dims{{"tokens", 1024}, {"q_heads", 32}, {"kv_heads", 8}, {"head_size", 128}}));
+  EXPECT_EQ(find(l1, "attention").dims,
+            (perfdb::Dims{{"batch", 2}, {"tokens", 512}, {"q_heads", 32}, {"kv_heads", 8}, {"head_dim", 128}}));
+  EXPECT_EQ(find(l1, "o_proj").dims, (perfdb::Dims{{"tokens", 1024}, {"n", 4096}, {"k", 4096}}));
+  EXPECT_EQ(find(l1, "gate_up_proj").dims, (perfdb::Dims{{"tokens", 1024}, {"n", 28672}, {"k", 4096}}));
+  EXPECT_EQ(find(l1, "act").dims, (perfdb::Dims{{"tokens", 1024}, {"d", 14336}}));
+  EXPECT_EQ(find(l1, "down_proj").dims, (perfdb::Dims{{"tokens", 1024}, {"n", 4096}, {"k", 14336}}));
+
+  std::vector<OpCall> l2 = decoder_layer(m, Workload::decode(8, 2048, 2));
+  EXPECT_EQ(names(l2), (std::vector<std::string>{"input_norm", "qkv_proj", "qkv_split", "rotary", "attention", "o_proj",
+                                                 "attn_all_reduce", "post_attn_norm", "gate_up_proj", "act",
+                                                 "down_proj", "mlp_all_reduce"}));
+  EXPECT_EQ(find(l2, "qkv_proj").dims, (perfdb::Dims{{"tokens", 8}, {"n", 3072}, {"k", 4096}}));
+  EXPECT_EQ(find(l2, "attention").dims,
+            (perfdb::Dims{{"batch", 8}, {"context", 2048}, {"q_heads", 16}, {"kv_heads", 4}, {"head_dim", 128}}));
+  EXPECT_EQ(find(l2, "o_proj").dims, (perfdb::Dims{{"tokens", 8}, {"n", 4096}, {"k", 2048}}));
+  EXPECT_EQ(find(l2, "attn_all_reduce").dims, (perfdb::Dims{{"message_bytes", 8 * 4096 * 2}, {"tp", 2}}));
+  EXPECT_EQ(find(l2, "gate_up_proj").dims, (perfdb::Dims{{"tokens", 8}, {"n", 14336}, {"k", 4096}}));
+  EXPECT_EQ(find(l2, "down_proj").dims, (perfdb::Dims{{"tokens", 8}, {"n", 4096}, {"k", 7168}}));
+
+  std::vector<OpCall> head = model_head(m, Workload::prefill(2, 512, 2));
+  EXPECT_EQ(find(head, "lm_head").dims, (perfdb::Dims{{"tokens", 2}, {"n", 64128}, {"k", 4096}}));
+  EXPECT_EQ(find(head, "embedding").dims, (perfdb::Dims{{"tokens", 1024}, {"vocab", 128256}, {"hidden", 4096}}));
+}
+
+TEST(DecoderLayer, Qwen3MoeExpertsAtExpectedLoad) {
+  ModelSpec m = load_model("qwen3-30b-a3b");
+  EXPECT_EQ(expected_active_experts(128, 8, 1), 8);
+  EXPECT_EQ(expected_active_experts(128, 8, 4096), 128);
+  EXPECT_EQ(expected_active_experts(8, 2, 1), 2);
+  std::vector<OpCall> d = decoder_layer(m, Workload::decode(1, 2048));
+  EXPECT_EQ(find(d, "expert_gate_up").count, 8);
+  EXPECT_EQ(find(d, "expert_gate_up").dims, (perfdb::Dims{{"tokens", 1}, {"n", 1536}, {"k", 2048}}));
+  EXPECT_EQ(find(d, "q_norm").dims, (perfdb::Dims{{"tokens", 32}, {"hidden", 128}}));
+  EXPECT_EQ(find(d, "k_norm").dims, (perfdb::Dims{{"tokens", 4}, {"hidden", 128}}));
+  std::vector<OpCall> p = decoder_layer(m, Workload::prefill(1, 2048));
+  EXPECT_EQ(find(p, "expert_gate_up").count, 128);
+  EXPECT_EQ(find(p, "expert_gate_up").dims.at("tokens"), 2048 * 8 / 128);
+  EXPECT_EQ(find(p, "expert_act").dims, (perfdb::Dims{{"tokens", 2048 * 8}, {"d", 768}}));
+  EXPECT_EQ(find(p, "topk_softmax").dims, (perfdb::Dims{{"tokens", 2048}, {"experts", 128}, {"k", 8}}));
+  EXPECT_GT(find(p, "moe_combine").modelled_bytes, 0);
+}
+
+TEST(Estimator, SumsTheSyntheticDatabaseExactly) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  EstimateOptions o;
+  o.batch = 4;
+  o.input_len = 256;
+  o.output_len = 64;
+  Workload pre = Workload::prefill(4, 256), dec = Workload::decode(4, 256 + 32);
+  SyntheticDb db;
+  for (const Workload& w : {pre, dec}) {
+    db.add(decoder_layer(m, w));
+    db.add(model_head(m, w));
+  }
+  db.write();
+  Estimate e = estimate(m, db.load(), o);
+  const double layer_p = db.expected(decoder_layer(m, pre)), head_p = db.expected(model_head(m, pre));
+  const double layer_d = db.expected(decoder_layer(m, dec)), head_d = db.expected(model_head(m, dec));
+  EXPECT_NEAR(e.prefill.layer_us, layer_p, 1e-9 * layer_p);
+  EXPECT_NEAR(e.prefill.head_us, head_p, 1e-9 * head_p);
+  EXPECT_NEAR(e.ttft_us, 32 * layer_p + head_p, 1e-9 * e.ttft_us);
+  EXPECT_NEAR(e.tpot_us, 32 * layer_d + head_d, 1e-9 * e.tpot_us);
+  EXPECT_NEAR(e.tokens_per_s, 4 / (e.tpot_us * 1e-6), 1e-6 * e.tokens_per_s);
+  EXPECT_EQ(e.decode.workload.context, 288);
+  double shares = 0;
+  for (const EstimateRow& r : e.prefill.layer) {
+    shares += r.share;
+    if (r.call.modelled_bytes > 0) {
+      EXPECT_EQ(r.answer.method, perfdb::Method::modelled);
+    } else {
+      EXPECT_EQ(r.answer.impl, "cpu") << r.call.name;  // "auto": the faster impl
+      EXPECT_EQ(r.answer.method, perfdb::Method::measured);
+    }
+  }
+  EXPECT_NEAR(shares, 1.0, 1e-9);
+  EXPECT_THAT(format_estimate(e), HasSubstr("TTFT"));
+}
+
+TEST(Estimator, MissingOpIsPerfDataNotAvailable) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  EstimateOptions o;
+  o.input_len = 128;
+  o.output_len = 0;
+  SyntheticDb db;
+  for (const Workload& w : {Workload::prefill(1, 128), Workload::decode(1, 128)}) {
+    db.add(decoder_layer(m, w));
+    db.add(model_head(m, w));
+  }
+  db.write({"rotary_embedding"});
+  perfdb::Database d = db.load();
+  std::string msg = error_of<perfdb::PerfDataNotAvailable>([&] { estimate(m, d, o); });
+  EXPECT_THAT(msg, HasSubstr("rotary"));
+  std::vector<SupportRow> rows = model_support(m, d, o);
+  int missing = 0;
+  for (const SupportRow& r : rows) {
+    missing += r.ok ? 0 : 1;
+    if (!r.ok) EXPECT_EQ(r.call.op, "rotary_embedding");
+  }
+  EXPECT_EQ(missing, 2);  // prefill and decode
+  EXPECT_THAT(format_support(rows), HasSubstr("missing"));
+}
+
+TEST(Estimator, AllReduceMeasuredOrRingModel) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  EstimateOptions o;
+  o.tp = 2;
+  o.input_len = 64;
+  o.output_len = 0;
+  SyntheticDb db;
+  for (const Workload& w : {Workload::prefill(1, 64, 2), Workload::decode(1, 64, 2)}) {
+    db.add(decoder_layer(m, w));
+    db.add(model_head(m, w));
+  }
+  std::map<perfdb::Dims, double> ar = db.points["all_reduce"];
+  db.points.erase("all_reduce");
+  db.write();
+  Estimate e = estimate(m, db.load(), o);
+  const EstimateRow* row = nullptr;
+  for (const EstimateRow& r : e.prefill.layer)
+    if (r.call.name == "attn_all_reduce") row = &r;
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(row->answer.method, perfdb::Method::modelled);
+  // Ring model on a system without NVLink in its name: copy ceiling, 1 us per step; tp 2: 2 steps.
+  const double bytes = 64.0 * 4096 * 2;
+  EXPECT_NEAR(row->answer.us, bytes / (20.0 * 1e3) + 2.0, 1e-9);
+  db.points["all_reduce"] = ar;
+  db.write();
+  Estimate e2 = estimate(m, db.load(), o);
+  for (const EstimateRow& r : e2.prefill.layer)
+    if (r.call.op == "all_reduce") EXPECT_EQ(r.answer.method, perfdb::Method::measured);
+}
+
+TEST(Estimator, RingModelIsCalibratedOnMeasuredTp) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  SyntheticDb db;
+  const double bw = 100.0, lat = 3.0;  // GB/s, us per step
+  auto ring = [&](double bytes, int64_t tp) { return 2.0 * (tp - 1) / tp * bytes / (bw * 1e3) + 2.0 * (tp - 1) * lat; };
+  for (int64_t bytes : {int64_t(1024), int64_t(1) << 20, int64_t(1) << 28})
+    db.points["all_reduce"][{{"message_bytes", bytes}, {"tp", 2}}] = ring(double(bytes), 2);
+  for (const Workload& w : {Workload::prefill(1, 64, 4)}) db.add(decoder_layer(m, w));
+  db.points["all_reduce"].erase(find(decoder_layer(m, Workload::prefill(1, 64, 4)), "attn_all_reduce").dims);
+  db.write();
+  perfdb::Database d = db.load();
+  RingModel r = ring_model(d);
+  EXPECT_NEAR(r.step_latency_us, lat, 0.01 * lat);
+  EXPECT_NEAR(r.bus_gbps, bw, 0.01 * bw);
+  EXPECT_THAT(r.source, HasSubstr("calibrated"));
+  const OpCall& c = find(decoder_layer(m, Workload::prefill(1, 64, 4)), "attn_all_reduce");
+  perfdb::Answer a = answer_call(d, c, "auto", "bf16");
+  EXPECT_EQ(a.method, perfdb::Method::modelled);
+  EXPECT_NEAR(a.us, ring(double(c.dims.at("message_bytes")), 4), 0.01 * a.us);
+}
+
+TEST(Estimator, JsonHasTheFields) {
+  ModelSpec m = parse_model_config(kTinyMoe, "tiny-moe.json");
+  EstimateOptions o;
+  o.batch = 2;
+  o.input_len = 16;
+  o.output_len = 8;
+  SyntheticDb db;
+  for (const Workload& w : {Workload::prefill(2, 16), Workload::decode(2, 20)}) {
+    db.add(decoder_layer(m, w));
+    db.add(model_head(m, w));
+  }
+  db.write();
+  Estimate e = estimate(m, db.load(), o);
+  nlohmann::json j = nlohmann::json::parse(estimate_json(e));
+  for (const char* k : {"model", "system", "tp", "batch", "input_len", "output_len", "dtype", "ttft_us", "tpot_us",
+                        "tokens_per_s", "prefill", "decode", "decode_context"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_DOUBLE_EQ(j["ttft_us"].get<double>(), e.ttft_us);
+  const nlohmann::json& row = j["prefill"]["layer"][0];
+  for (const char* k : {"name", "op", "kernel", "shapes", "dims", "calls", "us_per_call", "us", "share", "method", "how"})
+    EXPECT_TRUE(row.contains(k)) << k;
+  EXPECT_TRUE(j["decode"].contains("layer_us"));
+  EXPECT_TRUE(j["decode"].contains("head_us"));
+  bool combine = false;
+  for (const auto& r : j["prefill"]["layer"]) combine |= r["name"] == "moe_combine" && r["method"] == "modelled";
+  EXPECT_TRUE(combine);
+}
+
+TEST(RunLayer, TinyDenseAndMoeLayersRunOnCpu) {
+  for (const char* text : {kTiny, kTinyMoe}) {
+    ModelSpec m = parse_model_config(text, "tiny.json");
+    for (const Workload& w : {Workload::prefill(2, 8), Workload::decode(3, 17)}) {
+      RunLayerOptions o;
+      o.workload = w;
+      o.repeat = 2;
+      LayerRun r = run_layer(m, o);
+      EXPECT_GT(r.layer_us, 0);
+      std::set<std::string> seen;
+      for (const MeasuredRow& row : r.rows) {
+        EXPECT_GT(row.us, 0) << row.name;
+        seen.insert(row.name);
+      }
+      // Every call of the estimator's layer has a measured row of the same name.
+      for (const OpCall& c : decoder_layer(m, w)) EXPECT_TRUE(seen.count(c.name)) << c.name;
+      if (m.is_moe()) EXPECT_TRUE(seen.count("moe_combine"));
+      SyntheticDb db;
+      db.add(decoder_layer(m, w));
+      db.write();
+      perfdb::Database d = db.load();
+      std::vector<EstimateRow> pred = estimate_calls(d, decoder_layer(m, w), "auto", "bf16");
+      std::string text_out = format_run(m, r, &pred, db.system);
+      EXPECT_THAT(text_out, HasSubstr("predicted"));
+      nlohmann::json j = nlohmann::json::parse(run_json(m, r, &pred, db.system));
+      EXPECT_GT(j["layer_predicted_us"].get<double>(), 0);
+    }
+  }
+}
