@@ -366,7 +366,9 @@ TEST(Estimator, AllReduceMeasuredOrRingModel) {
   db.write();
   Estimate e2 = estimate(m, db.load(), o);
   for (const EstimateRow& r : e2.prefill.layer)
-    if (r.call.op == "all_reduce") EXPECT_EQ(r.answer.method, perfdb::Method::measured);
+    if (r.call.op == "all_reduce") {
+      EXPECT_EQ(r.answer.method, perfdb::Method::measured);
+    }
 }
 
 TEST(Estimator, RingModelIsCalibratedOnMeasuredTp) {
@@ -434,7 +436,9 @@ TEST(RunLayer, TinyDenseAndMoeLayersRunOnCpu) {
       }
       // Every call of the estimator's layer has a measured row of the same name.
       for (const OpCall& c : decoder_layer(m, w)) EXPECT_TRUE(seen.count(c.name)) << c.name;
-      if (m.is_moe()) EXPECT_TRUE(seen.count("moe_combine"));
+      if (m.is_moe()) {
+        EXPECT_TRUE(seen.count("moe_combine"));
+      }
       SyntheticDb db;
       db.add(decoder_layer(m, w));
       db.write();
