@@ -26,6 +26,7 @@ void add_call(CLI::App& app, int& status);
 void add_check(CLI::App& app, int& status);
 void add_bench(CLI::App& app, int& status);
 void add_support(CLI::App& app, int& status);
+void add_collect(CLI::App& app, int& status);
 
 // Harness options shared by check and bench.
 struct HarnessFlags {

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_check(app, status);
   opforge::cli::add_bench(app, status);
   opforge::cli::add_support(app, status);
+  opforge::cli::add_collect(app, status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
