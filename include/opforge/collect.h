@@ -54,7 +54,9 @@ struct CollectOptions {
   // Replaces the grid of the ops named here (tests and hand-picked points); not capped.
   std::map<std::string, std::vector<Dims>> points;
   bool progress = true;              // one updating line on stderr
-  bool dry_run = false;              // measure the ceilings, list what would run, write nothing
+  bool dry_run = false;
+  double copy_gbps = 0;              // > 0: use as the copy ceiling instead of measuring it
+  double gemm_gflops = 0;            // > 0: use as the GEMM ceiling instead of measuring it              // measure the ceilings, list what would run, write nothing
   harness::Options harness;          // sample bounds of the perf timing
   // Where notices go (default: stderr, one line each).
   std::function<void(const std::string&)> notice;

@@ -159,14 +159,14 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   // Ceilings and the device, once.
   if (opt.progress) std::cerr << "\r\033[Kopforge collect: measuring the copy and GEMM ceilings" << std::flush;
   if (opt.device == DeviceKind::cpu) {
-    sum.ceiling_gbps = harness::measure_cpu_copy_gbps();
+    sum.ceiling_gbps = opt.copy_gbps > 0 ? opt.copy_gbps : harness::measure_cpu_copy_gbps();
     sum.device_name = cpu_device_name();
   } else {
-    sum.ceiling_gbps = harness::measure_cuda_copy_gbps(opt.device_index);
+    sum.ceiling_gbps = opt.copy_gbps > 0 ? opt.copy_gbps : harness::measure_cuda_copy_gbps(opt.device_index);
     const DeviceMemoryOps* mem = device_memory_ops(opt.device);
     sum.device_name = mem && mem->device_name ? mem->device_name(opt.device_index) : device_kind_name(opt.device);
   }
-  sum.ceiling_gflops = gemm_ceiling(reg, opt, sum.ceiling_gbps);
+  sum.ceiling_gflops = opt.gemm_gflops > 0 ? opt.gemm_gflops : gemm_ceiling(reg, opt, sum.ceiling_gbps);
   std::function<double()> energy;
   if (opt.device != DeviceKind::cpu) {
     std::string why;
