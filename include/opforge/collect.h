@@ -28,8 +28,13 @@ struct GridCap {
   double gemm_gflops = 0;
   double max_seconds = 0;   // roofline seconds per call above which a point is dropped (0: none)
   double max_bytes = 0;     // bytes of all its tensors above which a point is dropped (0: none)
+  // Points whose `tokens` is one of these are kept up to keep_max_seconds instead (the CPU: the
+  // prefill lengths the estimator is validated at, 128 and 512).
+  std::vector<int64_t> keep_tokens;
+  double keep_max_seconds = 0;
 };
-// The caps `opforge collect` uses on a device: CPU 2 s of roofline time and 1.5 GiB of tensors;
+// The caps `opforge collect` uses on a device: CPU 2 s of roofline time (20 s at tokens 128 and
+// 512) and 1.5 GiB of tensors;
 // CUDA 8 GiB of tensors (the harness holds every input as f64 on the host too) and no time cap.
 GridCap default_cap(DeviceKind device, double copy_gbps, double gemm_gflops);
 

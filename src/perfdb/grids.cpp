@@ -43,6 +43,7 @@ struct GridSpec {
   std::vector<int64_t> decode_batch;    // attention_decode: batch x context
   std::vector<int64_t> context;
   int64_t max_prefill_tokens = 0;       // batch * tokens above this: dropped (0: none)
+  bool full = false;
 };
 
 // 1, 2, 3, 4, 6, 8, 12, ... up to `last` (powers of two and their midpoints 3 * 2^k).
@@ -86,6 +87,7 @@ GridSpec spec_for(const std::string& grid, DeviceKind device) {
     s.decode_batch = {1, 4, 16, 32, 64, 256};
     s.context = {128, 512, 2048, 8192, 32768};
   } else if (grid == "full") {
+    s.full = true;
     s.tokens = pow2_and_mid(1, 32768);
     s.prefill_batch = pow2(1, 64);
     s.decode_batch = pow2_and_mid(1, 512);
@@ -142,8 +144,7 @@ std::vector<Dims> raw_points(const std::string& op, const GridSpec& s) {
     if (op == "rms_norm" || op == "gemma_rms_norm") {
       // Per-head q/k norms (Qwen3, Gemma 3): tokens * heads rows of head_dim, up to 32 (quick)
       // or 64 (full) heads per token.
-      std::vector<int64_t> more = s.tokens.size() > 13 ? pow2_and_mid(1, s.tokens.back() * 64)
-                                                       : pow2(1, s.tokens.back() * 32);
+      std::vector<int64_t> more = s.full ? pow2_and_mid(1, s.tokens.back() * 64) : pow2(1, s.tokens.back() * 32);
       over_tokens(more, {{"hidden", 128}});
     }
   } else if (op == "silu_and_mul" || op == "gelu_and_mul") {
@@ -219,6 +220,8 @@ GridCap default_cap(DeviceKind device, double copy_gbps, double gemm_gflops) {
   c.gemm_gflops = gemm_gflops;
   if (device == DeviceKind::cpu) {
     c.max_seconds = 2.0;
+    c.keep_tokens = {128, 512};
+    c.keep_max_seconds = 20.0;
     c.max_bytes = 1.5 * double(int64_t(1) << 30);
   } else {
     c.max_bytes = 8.0 * double(int64_t(1) << 30);
@@ -244,7 +247,8 @@ std::vector<Dims> grid_points(const std::string& op, const std::string& grid, De
       const Cost c = cost_at(op, dtype, d);
       const double t = std::max(cap.copy_gbps > 0 ? c.bytes / (cap.copy_gbps * 1e9) : 0.0,
                                 cap.gemm_gflops > 0 ? c.flops / (cap.gemm_gflops * 1e9) : 0.0);
-      if (t > cap.max_seconds) continue;
+      const bool keep = d.count("tokens") && std::count(cap.keep_tokens.begin(), cap.keep_tokens.end(), d.at("tokens"));
+      if (t > (keep ? std::max(cap.max_seconds, cap.keep_max_seconds) : cap.max_seconds)) continue;
     }
     kept.push_back(d);
   }
