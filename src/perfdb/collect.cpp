@@ -187,7 +187,8 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   const GridCap cap = default_cap(opt.device, sum.ceiling_gbps, sum.ceiling_gflops);
   for (const std::string& op : ops) {
     const OpGrid& g = op_grid(op);
-    const std::vector<std::string> impls = kernels_for(reg.op(op), opt);
+    std::vector<std::string> impls = kernels_for(reg.op(op), opt);
+    if (impls.empty() && opt.dry_run) impls = {"(no kernel in this build)"};
     if (impls.empty()) {
       notice(op + ": no kernel on " + device_kind_name(opt.device) +
              (opt.impls.empty() ? std::string() : " among --impl " + join(opt.impls)) + "; skipped");
@@ -226,6 +227,17 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       write_table(t, path);
     }
     sum.files.push_back(path);
+    // One shape at a time along its axes, so that an interrupted run leaves whole token ranges.
+    std::stable_sort(pts.begin(), pts.end(), [&](const Dims& a, const Dims& b) {
+      auto key = [&](const Dims& d) {
+        std::vector<int64_t> k;
+        for (const std::string& n : g.dims)
+          if (std::find(g.axes.begin(), g.axes.end(), n) == g.axes.end()) k.push_back(d.at(n));
+        for (const std::string& n : g.axes) k.push_back(d.at(n));
+        return k;
+      };
+      return key(a) < key(b);
+    });
     for (const Dims& d : pts)
       for (const std::string& impl : impls) {
         if (done.count(row_key(impl, dtype_text, d, g.dims))) {
