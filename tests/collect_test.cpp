@@ -43,6 +43,7 @@ harness::Options fast_options() {
 TEST(Collect, EveryKnownOpHasACaseThatRuns) {
   const Registry& reg = global_registry();
   ASSERT_EQ(perfdb::known_ops().size(), 13u);
+  int ran = 0;
   for (const perfdb::OpGrid& g : perfdb::known_ops()) {
     SCOPED_TRACE(g.op);
     const OpEntry& op = reg.op(g.op);
@@ -52,14 +53,17 @@ TEST(Collect, EveryKnownOpHasACaseThatRuns) {
       harness::Result r = harness::perf_case(reg, fast_options(), g.op, k.impl(), c, DType::f32, 10.0);
       EXPECT_EQ(r.status, harness::Status::pass) << k.impl() << ": " << r.detail;
       EXPECT_GT(r.median_us, 0) << k.impl();
+      ++ran;
     }
   }
+  EXPECT_GE(ran, 26);  // reference + cpu of every op
 }
 
 // cost_at (views at a dummy address) equals the op's cost model on the materialized tensors.
 TEST(Collect, CostAtEqualsTheCostOfTheMaterializedCase) {
   using namespace harness::detail;
   const Registry& reg = global_registry();
+  int compared = 0;
   for (const perfdb::OpGrid& g : perfdb::known_ops()) {
     std::vector<Dims> points = {tiny(g.op)};
     Dims bigger = tiny(g.op);
@@ -78,9 +82,11 @@ TEST(Collect, CostAtEqualsTheCostOfTheMaterializedCase) {
         EXPECT_EQ(est.bytes, real.bytes);
         EXPECT_EQ(est.flops, real.flops);
         EXPECT_GT(est.bytes, 0);
+        ++compared;
       }
     }
   }
+  EXPECT_EQ(compared, 13 * 2 * 2);
 }
 
 TEST(Collect, UnknownOpsAndDimsAreErrors) {
@@ -165,8 +171,9 @@ perfdb::CollectOptions tiny_collection(const std::string& root, std::vector<Dims
   perfdb::CollectOptions o;
   o.system = "test-system";
   o.root = root;
-  o.ops = {"rms_norm"};
-  o.points["rms_norm"] = std::move(points);
+  o.ops = {"rms_norm", "gemma_rms_norm"};  // two ops with the same dims: their rows stay apart
+  o.points["rms_norm"] = points;
+  o.points["gemma_rms_norm"] = std::move(points);
   o.progress = false;
   o.harness = fast_options();
   o.notice = [](const std::string&) {};
@@ -178,10 +185,11 @@ perfdb::CollectOptions tiny_collection(const std::string& root, std::vector<Dims
 TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
   const Registry& reg = global_registry();
   const std::string root = temp_root();
-  int cpu_kernels = 0;
-  for (const KernelEntry& k : reg.op("rms_norm").kernels)
-    cpu_kernels += k.desc.device == DeviceKind::cpu && !k.is_reference() && k.availability().ok;
-  ASSERT_GT(cpu_kernels, 0);
+  int cpu_kernels = 0;  // of both ops
+  for (const char* op : {"rms_norm", "gemma_rms_norm"})
+    for (const KernelEntry& k : reg.op(op).kernels)
+      cpu_kernels += k.desc.device == DeviceKind::cpu && !k.is_reference() && k.availability().ok;
+  ASSERT_GT(cpu_kernels, 1);
   const Dims a{{"tokens", 2}, {"hidden", 16}}, b{{"tokens", 5}, {"hidden", 16}};
 
   // An "interrupted" run that measured one point, then the full run: only the other is added.
@@ -203,7 +211,8 @@ TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
   EXPECT_EQ(t.header.ceiling_gflops, 50);
   EXPECT_EQ(t.header.axes, std::vector<std::string>{"tokens"});
   EXPECT_EQ(t.dim_names, (std::vector<std::string>{"tokens", "hidden"}));
-  ASSERT_EQ(t.rows.size(), size_t(2 * cpu_kernels));
+  ASSERT_EQ(t.rows.size() + perfdb::read_table(root + "/test-system/gemma_rms_norm.csv").rows.size(),
+            size_t(2 * cpu_kernels));
   for (const perfdb::Row& r : t.rows) {
     EXPECT_EQ(r.dtype, "bf16");
     EXPECT_GT(r.median_us, 0);

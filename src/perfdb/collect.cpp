@@ -216,7 +216,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
                     "collect: " + path + " holds " + why + ", not what this run measures (system '" +
                         opt.system + "', op '" + op + "', device '" + sum.device_name +
                         "'); remove the file or pick another --system");
-      for (const Row& r : t.rows) done.insert(row_key(r.impl, r.dtype, r.dims, g.dims));
+      for (const Row& r : t.rows) done.insert(op + "," + row_key(r.impl, r.dtype, r.dims, g.dims));
     } else if (!opt.dry_run) {
       std::filesystem::create_directories(folder);
       OpTable t;
@@ -240,7 +240,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
     });
     for (const Dims& d : pts)
       for (const std::string& impl : impls) {
-        if (done.count(row_key(impl, dtype_text, d, g.dims))) {
+        if (done.count(op + "," + row_key(impl, dtype_text, d, g.dims))) {
           ++sum.already_present;
           continue;
         }
