@@ -235,6 +235,11 @@ TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("remove the file"), std::string::npos) << e.what();
   }
+  if (!device_memory_ops(DeviceKind::cuda)) {  // a build without CUDA says so
+    perfdb::CollectOptions cuda = tiny_collection(root, {a});
+    cuda.device = DeviceKind::cuda;
+    EXPECT_THROW(perfdb::collect(reg, cuda), Error);
+  }
   std::stringstream after;
   after << std::ifstream(path).rdbuf();
   EXPECT_EQ(after.str(), changed);

@@ -151,6 +151,9 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   for (const auto& [op, pts] : opt.points)
     for (const Dims& d : pts) case_at(op, d);  // Error naming a missing or extra dim
 
+  if (opt.device != DeviceKind::cpu && !opt.dry_run && !device_memory_ops(opt.device))
+    throw Error(ErrorCode::not_available, std::string("collect: this build has no ") +
+                                              device_kind_name(opt.device) + " backend");
   CollectSummary sum;
   const auto start = Clock::now();
   const std::string root = opt.root.empty() ? default_root() : opt.root;
