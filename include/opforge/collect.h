@@ -33,7 +33,7 @@ struct GridCap {
   std::vector<int64_t> keep_tokens;
   double keep_max_seconds = 0;
 };
-// The caps `opforge collect` uses on a device: CPU 2 s of roofline time (20 s at tokens 128 and
+// The caps `opforge collect` uses on a device: CPU 2 s of roofline time (10 s at tokens 128 and
 // 512) and 1.5 GiB of tensors;
 // CUDA 8 GiB of tensors (the harness holds every input as f64 on the host too) and no time cap.
 GridCap default_cap(DeviceKind device, double copy_gbps, double gemm_gflops);

@@ -285,8 +285,16 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       harness::PerfExtras extras;
       extras.cost = &cost;
       extras.energy_mj = energy;
-      harness::Result r = harness::perf_case(reg, ho, op, job.impl, case_at(op, job.dims), dtype,
-                                             sum.ceiling_gbps, extras);
+      const Case c = case_at(op, job.dims);
+      harness::Result r = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
+      // Note [short points on a shared CPU]: a descheduled OpenMP thread holds a parallel region
+      // for a scheduler tick (ms), which a median of a few samples does not always hide. A CPU
+      // point under 2 ms is therefore measured three times and the lowest median kept.
+      for (int again = 0; again < 2 && opt.device == DeviceKind::cpu &&
+                          r.status == harness::Status::pass && r.median_us < 2000; ++again) {
+        harness::Result r2 = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
+        if (r2.status == harness::Status::pass && r2.median_us < r.median_us) r = r2;
+      }
       if (r.status != harness::Status::pass) {
         notice(op + " " + job.impl + " " + dims_line(*job.grid, job.dims) + ": " + r.detail);
         ++sum.not_applicable;

@@ -221,7 +221,7 @@ GridCap default_cap(DeviceKind device, double copy_gbps, double gemm_gflops) {
   if (device == DeviceKind::cpu) {
     c.max_seconds = 2.0;
     c.keep_tokens = {128, 512};
-    c.keep_max_seconds = 20.0;
+    c.keep_max_seconds = 10.0;
     c.max_bytes = 1.5 * double(int64_t(1) << 30);
   } else {
     c.max_bytes = 8.0 * double(int64_t(1) << 30);
