@@ -235,6 +235,9 @@ TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("remove the file"), std::string::npos) << e.what();
   }
+  perfdb::CollectOptions bad_name = tiny_collection(root, {a});
+  bad_name.system = "../elsewhere";
+  EXPECT_THROW(perfdb::collect(reg, bad_name), Error);
   if (!device_memory_ops(DeviceKind::cuda)) {  // a build without CUDA says so
     perfdb::CollectOptions cuda = tiny_collection(root, {a});
     cuda.device = DeviceKind::cuda;

@@ -9,6 +9,7 @@
 // estimator's extrapolation and the CPU grid cap need. 0 when the device has no linear kernel.
 #include <algorithm>
 #include <chrono>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -137,8 +138,13 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
     if (opt.notice) opt.notice(msg);
     else std::cerr << (opt.progress ? "\r\033[K" : "") << "opforge collect: " << msg << "\n";
   };
-  if (opt.system.empty() || opt.system.find('/') != std::string::npos || opt.system[0] == '.')
-    throw Error(ErrorCode::invalid_argument, "collect: --system must be a plain folder name, got '" + opt.system + "'");
+  const bool plain = !opt.system.empty() && opt.system[0] != '.' &&
+                     std::all_of(opt.system.begin(), opt.system.end(), [](char ch) {
+                       return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.';
+                     });
+  if (!plain)
+    throw Error(ErrorCode::invalid_argument, "collect: --system must be a name of letters, digits, '_', "
+                                             "'-' and '.' (a folder), got '" + opt.system + "'");
   const DType dtype = parse_dtype(opt.dtype);
   const std::string dtype_text = dtype_name(dtype);
   std::vector<std::string> ops = opt.ops;
