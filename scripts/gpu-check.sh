@@ -20,6 +20,8 @@
 # Environment: OUT (default ./out), JOBS (default: all cores), BUILD_DIR (default build-gpu),
 # GPU_CHECK_SKIP (space-separated step names to skip, e.g. "full_tests racecheck_harness"),
 # GPU_CHECK_BENCH_ARGS (extra `opforge bench` arguments, e.g. "rms_norm --dtype bf16 --group large"),
+# GPU_CHECK_COLLECT (a system name: collect the quick-grid perf database of this card, step 3a;
+# GPU_CHECK_COLLECT_OPS limits it to some ops, GPU_CHECK_COLLECT_SECONDS its time, default 420),
 # GPU_CHECK_CXX_FLAGS (extra host-compiler flags, e.g. "-include cstdint" to get past a header that
 # leans on an include the GPU machine's newer libstdc++ no longer makes for it).
 # Needs CMake >= 3.26 on the GPU machine (older CMake cannot ask nvcc for C++20).
@@ -198,10 +200,38 @@ if [[ $built -eq 1 ]]; then
   note_last "$(grep -m1 -o 'unavailable: [^|]*' "$OUT/gtest.log" | head -1)"
 
   # ---- 3. harness: correctness, gradients, performance ------------------------------------------
-  run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$OUT/check-test.json"
+  check_json="$OUT/check-test.json"  # the device tool returns 8 files: the archive takes this one's place
+  [[ -n ${GPU_CHECK_COLLECT:-} ]] && check_json="${TMPDIR:-/tmp}/check-test.json"
+  run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$check_json"
   run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
   # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
   run_step bench "$OUT/bench.log" 300 "$BIN" bench ${GPU_CHECK_BENCH_ARGS:-} --backend cuda --json "$OUT/bench.json"
+
+  # ---- 3a. the performance database of this card (GPU_CHECK_COLLECT=<system>) -----------------
+  # `opforge collect --grid quick --device cuda` into a scratch root, then leave-one-out
+  # validation; the CSVs come back as one archive, $OUT/perfdb-<system>.tar.gz (unpack it under
+  # data/perf/). With 2+ GPUs the NCCL all-reduce table is collected too.
+  if [[ -n ${GPU_CHECK_COLLECT:-} ]]; then
+    collect_db() {
+      local root="${TMPDIR:-/tmp}/opforge-perf"
+      # shellcheck disable=SC2086 # word splitting of the op list is wanted
+      "$BIN" collect --system "$GPU_CHECK_COLLECT" --grid quick --device cuda --root "$root" \
+        ${GPU_CHECK_COLLECT_OPS:-} || return 1
+      if [[ -z ${OPFORGE_NCCL_LIBRARY:-} ]]; then  # torch's NCCL wheel, when libnccl is not on the path
+        local lib
+        lib="$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)"
+        [[ -f $lib ]] && export OPFORGE_NCCL_LIBRARY="$lib"
+      fi
+      if [[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]]; then
+        "$BIN" collect-comm --system "$GPU_CHECK_COLLECT" --root "$root" || echo "collect-comm failed"
+      fi
+      "$BIN" perfdb validate --system "$GPU_CHECK_COLLECT" --root "$root"
+      tar -C "$root" -czf "$OUT/perfdb-$GPU_CHECK_COLLECT.tar.gz" "$GPU_CHECK_COLLECT"
+    }
+    export -f collect_db
+    export GPU_CHECK_COLLECT GPU_CHECK_COLLECT_OPS
+    run_step collect "$OUT/bench.log" "${GPU_CHECK_COLLECT_SECONDS:-420}" collect_db
+  fi
 
   # ---- 3b. side by side with torch (eager, torch.compile) on this card ---------------------------
   compare_args=(--opforge "$BIN" --out "$COMPARE_MD")

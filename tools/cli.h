@@ -28,6 +28,7 @@ void add_check(CLI::App& app, int& status);
 void add_bench(CLI::App& app, int& status);
 void add_support(CLI::App& app, int& status);
 void add_perfdb(CLI::App& app, int& status);  // tools/cmd_perfdb.cpp
+void add_collect_comm(CLI::App& app, int& status);  // tools/cmd_comm.cpp
 void add_estimate(CLI::App& app, int& status);
 void add_run_layer(CLI::App& app, int& status);
 
@@ -42,6 +43,7 @@ struct ModelFlags {
 void add_model_flags(CLI::App& cmd, ModelFlags& flags);
 // `opforge support --model M --system S`: prints the table; 0 when every call has data, else 1.
 int run_model_support(const ModelFlags& flags);
+void add_collect(CLI::App& app, int& status);
 
 // Harness options shared by check and bench.
 struct HarnessFlags {

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   opforge::cli::add_perfdb(app, status);
   opforge::cli::add_estimate(app, status);
   opforge::cli::add_run_layer(app, status);
+  opforge::cli::add_collect(app, status);
+  opforge::cli::add_collect_comm(app, status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -65,6 +65,7 @@ struct Result {
   double pct_ceiling = 0;
   double bytes = 0;
   double flops = 0;
+  double energy_uj = -1;    // perf_case with an energy reader on a device: per call; < 0: none
 };
 
 struct Report {
@@ -82,6 +83,19 @@ Report run_grad(const Registry& reg, const Options& opt);
 Report run_perf(const Registry& reg, const Options& opt);
 // The op x backend matrix as markdown (written to docs/ops.md by `opforge support`).
 std::string support_markdown(const Registry& reg);
+
+// One perf measurement of kernel `impl` of `op` on a case the caller built (the collector's grids),
+// timed as run_perf times it; `ceiling_gbps` gives Result::pct_ceiling.
+struct PerfExtras {
+  const Cost* cost = nullptr;  // replaces the op's cost model evaluated on the call's arguments
+  // A cumulative energy counter in millijoules (< 0: no reading). With it, a device kernel runs a
+  // second timed batch of >= energy_seconds between two readings: Result::energy_uj.
+  std::function<double()> energy_mj;
+  double energy_seconds = 0.3;
+};
+Result perf_case(const Registry& reg, const Options& opt, const std::string& op,
+                 const std::string& impl, const Case& c, DType dtype, double ceiling_gbps,
+                 const PerfExtras& extras = {});
 
 // Copy ceilings: a STREAM-like copy over OpenMP threads on the host, a device-to-device copy on
 // CUDA; bytes read + bytes written over the median time, in GB/s (1e9).

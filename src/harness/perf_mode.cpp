@@ -2,6 +2,7 @@
 // ceiling measured in the same run.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <omp.h>
 
@@ -53,7 +54,7 @@ double time_cpu_us(const Options& opt, KernelCall& call) {
 }
 
 Result perf_one(const Registry& reg, const Options& opt, const OpEntry& op, const KernelEntry& k,
-                const Case& c, DType t, const Report& rep) {
+                const Case& c, DType t, const Report& rep, const PerfExtras* extras = nullptr) {
   Device dev = device_for(opt, k);
   Result r{"perf", op.name, k.impl(), dev.str(), dtype_name(t), c.label, case_group_name(c.group)};
   std::vector<ArgPlan> plan = plan_case(op, c);
@@ -74,8 +75,19 @@ Result perf_one(const Registry& reg, const Options& opt, const OpEntry& op, cons
     if (!ops || !ops->time_calls_us) throw Error(ErrorCode::not_available, "no device timer for " + dev.str());
     int reps = std::clamp(opt.perf_min_samples * 4, 10, 100);
     r.median_us = ops->time_calls_us(&invoke, &call, 3, 20, reps, dev.index);
+    if (extras && extras->energy_mj && r.median_us > 0) {
+      // A second run of >= energy_seconds between two readings of the cumulative counter.
+      const double calls = std::clamp(extras->energy_seconds * 1e6 / r.median_us, 1.0, 1e7);
+      const int batch = int(std::min(calls, 1000.0)), samples = int(std::ceil(calls / batch));
+      const double e0 = extras->energy_mj();
+      ops->time_calls_us(&invoke, &call, 0, batch, samples, dev.index);
+      const double e1 = extras->energy_mj();
+      if (e0 >= 0 && e1 >= e0) r.energy_uj = (e1 - e0) * 1e3 / (double(batch) * samples);
+    }
   }
-  Cost cost = op.cost ? op.cost(ArgList(op.name, op.args, a.values)) : Cost{};
+  Cost cost = extras && extras->cost ? *extras->cost
+              : op.cost                ? op.cost(ArgList(op.name, op.args, a.values))
+                                       : Cost{};
   r.bytes = cost.bytes;
   r.flops = cost.flops;
   double seconds = r.median_us * 1e-6;
@@ -87,6 +99,19 @@ Result perf_one(const Registry& reg, const Options& opt, const OpEntry& op, cons
 }
 
 }  // namespace
+
+Result perf_case(const Registry& reg, const Options& opt, const std::string& op_name,
+                 const std::string& impl, const Case& c, DType dtype, double ceiling_gbps,
+                 const PerfExtras& extras) {
+  const OpEntry& op = reg.op(op_name);
+  const KernelEntry* k = nullptr;
+  for (const KernelEntry& e : op.kernels)
+    if (e.impl() == impl && e.availability().ok) k = &e;
+  if (!k) throw Error(ErrorCode::not_available, op_name + ": no available kernel '" + impl + "'");
+  Report rep;
+  rep.cpu_copy_gbps = rep.cuda_copy_gbps = ceiling_gbps;
+  return perf_one(reg, opt, op, *k, c, dtype, rep, &extras);
+}
 
 double measure_cpu_copy_gbps(int64_t bytes) {
   int64_t n = bytes / 8;

@@ -1,0 +1,332 @@
+// The collector (opforge/collect.h): ceilings once, then every kernel of the device over the
+// grid of every op, one CSV row per point written as soon as it is measured.
+//
+// Note [collection ceilings]: the copy ceiling is the harness's (a STREAM-like copy over OpenMP
+// threads on the host, a device-to-device copy on CUDA). The GEMM ceiling is the best GFLOP/s of
+// the device's fastest linear kernel (the first available non-reference one in registry order, or
+// --impl) on a square case, tokens = n = k = 2048 on the CPU and 8192 on a GPU, in the collection
+// dtype: the dense-GEMM peak this build actually reaches, which is what the roofline of the
+// estimator's extrapolation and the CPU grid cap need. 0 when the device has no linear kernel.
+#include <algorithm>
+#include <chrono>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+#include "backends/cpu/cpu_info.h"
+#include "harness/instance.h"
+#include "opforge/collect.h"
+#include "opforge/registry.h"
+#include "perfdb/nvml.h"
+
+namespace opforge::perfdb {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string default_root() {
+  const char* env = std::getenv("OPFORGE_PERF_DATA");
+  return env && *env ? env : "data/perf";
+}
+
+bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+std::string row_key(const std::string& impl, const std::string& dtype, const Dims& dims,
+                    const std::vector<std::string>& order) {
+  std::string k = impl;
+  k += ',';
+  k += dtype;
+  for (const std::string& d : order) {
+    k += ',';
+    k += std::to_string(dims.at(d));
+  }
+  return k;
+}
+
+std::string dims_line(const OpGrid& g, const Dims& dims) {
+  std::string s;
+  for (const std::string& d : g.dims) s += (s.empty() ? "" : " ") + d + "=" + std::to_string(dims.at(d));
+  return s;
+}
+
+std::string clock_text(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const long s = long(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+// The kernels a collection times on the device: available, not the reference, in registry order.
+std::vector<std::string> kernels_for(const OpEntry& op, const CollectOptions& opt) {
+  std::vector<std::string> impls;
+  for (const KernelEntry& k : op.kernels) {
+    if (k.desc.device != opt.device || k.is_reference() || !k.availability().ok) continue;
+    if (!opt.impls.empty() && std::find(opt.impls.begin(), opt.impls.end(), k.impl()) == opt.impls.end()) continue;
+    impls.push_back(k.impl());
+  }
+  return impls;
+}
+
+double gemm_ceiling(const Registry& reg, const CollectOptions& opt, double copy_gbps) {
+  const OpEntry* op = reg.find("linear");
+  if (!op) return 0;
+  std::vector<std::string> impls = kernels_for(*op, opt);
+  if (impls.empty()) {
+    CollectOptions any = opt;
+    any.impls.clear();
+    impls = kernels_for(*op, any);
+  }
+  if (impls.empty()) return 0;
+  const int64_t n = opt.device == DeviceKind::cpu ? 2048 : 8192;
+  const Dims d{{"tokens", n}, {"n", n}, {"k", n}};
+  harness::Options ho = opt.harness;
+  ho.cuda_device = opt.device_index;
+  const Cost cost = cost_at("linear", opt.dtype, d);
+  harness::PerfExtras extras;
+  extras.cost = &cost;
+  harness::Result r = harness::perf_case(reg, ho, "linear", impls.front(), case_at("linear", d),
+                                         parse_dtype(opt.dtype), copy_gbps, extras);
+  return r.status == harness::Status::pass ? r.gflops : 0;
+}
+
+struct Job {
+  const OpGrid* grid;
+  std::string path;
+  Dims dims;
+  std::string impl;
+};
+
+}  // namespace
+
+std::string git_commit() {
+  FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+  if (!p) return "unknown";
+  char buf[128] = {0};
+  std::string out = fgets(buf, sizeof buf, p) ? buf : "";
+  pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+
+std::string cpu_device_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, name = "unknown CPU";
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        name = line.substr(colon + 1);
+        name.erase(0, name.find_first_not_of(" \t"));
+        while (!name.empty() && (name.back() == ' ' || name.back() == '\t')) name.pop_back();
+      }
+      break;
+    }
+  }
+  const int threads = cpu::cpu_info().threads;
+  return name + " (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
+}
+
+CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
+  auto notice = [&](const std::string& msg) {
+    if (opt.notice) opt.notice(msg);
+    else std::cerr << (opt.progress ? "\r\033[K" : "") << "opforge collect: " << msg << "\n";
+  };
+  const bool plain = !opt.system.empty() && opt.system[0] != '.' &&
+                     std::all_of(opt.system.begin(), opt.system.end(), [](char ch) {
+                       return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.';
+                     });
+  if (!plain)
+    throw Error(ErrorCode::invalid_argument, "collect: --system must be a name of letters, digits, '_', "
+                                             "'-' and '.' (a folder), got '" + opt.system + "'");
+  const DType dtype = parse_dtype(opt.dtype);
+  const std::string dtype_text = dtype_name(dtype);
+  std::vector<std::string> ops = opt.ops;
+  if (ops.empty())
+    for (const OpGrid& g : known_ops()) ops.push_back(g.op);
+  for (const std::string& op : ops) {
+    op_grid(op);  // Error listing the known ops
+    reg.op(op);   // Error when this build lacks it
+  }
+  for (const auto& [op, pts] : opt.points)
+    for (const Dims& d : pts) case_at(op, d);  // Error naming a missing or extra dim
+
+  if (opt.device != DeviceKind::cpu && !opt.dry_run && !device_memory_ops(opt.device))
+    throw Error(ErrorCode::not_available, std::string("collect: this build has no ") +
+                                              device_kind_name(opt.device) + " backend");
+  CollectSummary sum;
+  const auto start = Clock::now();
+  const std::string root = opt.root.empty() ? default_root() : opt.root;
+  const std::string folder = root + "/" + opt.system;
+
+  // Ceilings and the device, once.
+  if (opt.progress) std::cerr << "\r\033[Kopforge collect: measuring the copy and GEMM ceilings" << std::flush;
+  if (opt.device == DeviceKind::cpu) {
+    sum.ceiling_gbps = opt.copy_gbps > 0 ? opt.copy_gbps : harness::measure_cpu_copy_gbps();
+    sum.device_name = cpu_device_name();
+  } else {
+    sum.ceiling_gbps = opt.copy_gbps > 0 ? opt.copy_gbps : harness::measure_cuda_copy_gbps(opt.device_index);
+    const DeviceMemoryOps* mem = device_memory_ops(opt.device);
+    sum.device_name = mem && mem->device_name ? mem->device_name(opt.device_index) : device_kind_name(opt.device);
+  }
+  sum.ceiling_gflops = opt.gemm_gflops > 0 ? opt.gemm_gflops : gemm_ceiling(reg, opt, sum.ceiling_gbps);
+  std::function<double()> energy;
+  if (opt.device != DeviceKind::cpu) {
+    std::string why;
+    energy = detail::nvml_energy_reader(opt.device_index, &why);
+    if (!energy) notice("energy not sampled (" + why + "); the energy_uj column stays empty");
+  }
+
+  // Files: create, or resume one with the same identity.
+  FileHeader header;
+  header.system = opt.system;
+  header.device = sum.device_name;
+  header.commit = git_commit();
+  header.date = harness::detail::today_iso();
+  header.ceiling_gbps = sum.ceiling_gbps;
+  header.ceiling_gflops = sum.ceiling_gflops;
+  std::vector<Job> jobs;
+  std::set<std::string> done;
+  const GridCap cap = default_cap(opt.device, sum.ceiling_gbps, sum.ceiling_gflops);
+  for (const std::string& op : ops) {
+    const OpGrid& g = op_grid(op);
+    std::vector<std::string> impls = kernels_for(reg.op(op), opt);
+    if (impls.empty() && opt.dry_run) impls = {"(no kernel in this build)"};
+    if (impls.empty()) {
+      notice(op + ": no kernel on " + device_kind_name(opt.device) +
+             (opt.impls.empty() ? std::string() : " among --impl " + join(opt.impls)) + "; skipped");
+      continue;
+    }
+    std::vector<Dims> pts;
+    if (auto it = opt.points.find(op); it != opt.points.end()) {
+      pts = it->second;
+    } else {
+      pts = grid_points(op, opt.grid, opt.device, cap, opt.dtype);
+      sum.capped += int(grid_points(op, opt.grid, opt.device, {}, opt.dtype).size() - pts.size());
+    }
+    const std::string path = folder + "/" + op + ".csv";
+    if (file_exists(path)) {
+      OpTable t = read_table(path);
+      const FileHeader& h = t.header;
+      std::string why;
+      if (h.version != kFormatVersion) why = "format version " + std::to_string(h.version);
+      else if (h.system != opt.system) why = "system '" + h.system + "'";
+      else if (h.op != op) why = "op '" + h.op + "'";
+      else if (h.device != sum.device_name) why = "device '" + h.device + "'";
+      else if (t.dim_names != g.dims) why = "dims " + join(t.dim_names);
+      if (!why.empty())
+        throw Error(ErrorCode::invalid_argument,
+                    "collect: " + path + " holds " + why + ", not what this run measures (system '" +
+                        opt.system + "', op '" + op + "', device '" + sum.device_name +
+                        "'); remove the file or pick another --system");
+      for (const Row& r : t.rows) done.insert(op + "," + row_key(r.impl, r.dtype, r.dims, g.dims));
+    } else if (!opt.dry_run) {
+      std::filesystem::create_directories(folder);
+      OpTable t;
+      t.header = header;
+      t.header.op = op;
+      t.header.axes = g.axes;
+      t.dim_names = g.dims;
+      write_table(t, path);
+    }
+    sum.files.push_back(path);
+    // One shape at a time along its axes, so that an interrupted run leaves whole token ranges.
+    std::stable_sort(pts.begin(), pts.end(), [&](const Dims& a, const Dims& b) {
+      auto key = [&](const Dims& d) {
+        std::vector<int64_t> k;
+        for (const std::string& n : g.dims)
+          if (std::find(g.axes.begin(), g.axes.end(), n) == g.axes.end()) k.push_back(d.at(n));
+        for (const std::string& n : g.axes) k.push_back(d.at(n));
+        return k;
+      };
+      return key(a) < key(b);
+    });
+    for (const Dims& d : pts)
+      for (const std::string& impl : impls) {
+        if (done.count(op + "," + row_key(impl, dtype_text, d, g.dims))) {
+          ++sum.already_present;
+          continue;
+        }
+        jobs.push_back({&g, path, d, impl});
+      }
+  }
+
+  if (opt.dry_run) {
+    std::map<std::string, std::pair<int, double>> per_op;  // points, roofline seconds
+    for (const Job& job : jobs) {
+      const Cost c = cost_at(job.grid->op, opt.dtype, job.dims);
+      auto& [n, sec] = per_op[job.grid->op];
+      ++n;
+      sec += std::max(sum.ceiling_gbps > 0 ? c.bytes / (sum.ceiling_gbps * 1e9) : 0.0,
+                      sum.ceiling_gflops > 0 ? c.flops / (sum.ceiling_gflops * 1e9) : 0.0);
+    }
+    for (const auto& [op, v] : per_op)
+      notice(op + ": " + std::to_string(v.first) + " measurements, roofline " + std::to_string(v.second) + " s per call sum");
+    sum.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return sum;
+  }
+
+  // Measure, one row at a time.
+  harness::Options ho = opt.harness;
+  ho.cuda_device = opt.device_index;
+  double measured_seconds = 0;
+  int timed = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const Job& job = jobs[j];
+    const std::string& op = job.grid->op;
+    if (opt.progress) {
+      const double eta = timed ? measured_seconds / timed * double(jobs.size() - j) : -1;
+      std::cerr << "\r\033[K[" << j << "/" << jobs.size() << "] " << op << " " << job.impl << " "
+                << dims_line(*job.grid, job.dims) << "  ETA " << clock_text(eta) << std::flush;
+    }
+    const auto t0 = Clock::now();
+    try {
+      const Cost cost = cost_at(op, opt.dtype, job.dims);
+      harness::PerfExtras extras;
+      extras.cost = &cost;
+      extras.energy_mj = energy;
+      const Case c = case_at(op, job.dims);
+      harness::Result r = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
+      // Note [short points on a shared CPU]: a descheduled OpenMP thread holds a parallel region
+      // for a scheduler tick (ms), which a median of a few samples does not always hide. A CPU
+      // point under 2 ms is therefore measured three times and the lowest median kept.
+      for (int again = 0; again < 2 && opt.device == DeviceKind::cpu &&
+                          r.status == harness::Status::pass && r.median_us < 2000; ++again) {
+        harness::Result r2 = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
+        if (r2.status == harness::Status::pass && r2.median_us < r.median_us) r = r2;
+      }
+      if (r.status != harness::Status::pass) {
+        notice(op + " " + job.impl + " " + dims_line(*job.grid, job.dims) + ": " + r.detail);
+        ++sum.not_applicable;
+      } else {
+        Row row;
+        row.impl = job.impl;
+        row.dtype = dtype_text;
+        row.dims = job.dims;
+        row.median_us = r.median_us;
+        row.bytes = cost.bytes;
+        row.flops = cost.flops;
+        if (r.energy_uj >= 0) row.energy_uj = r.energy_uj;
+        append_rows(job.path, job.grid->dims, {row});
+        ++sum.measured;
+      }
+    } catch (const std::exception& e) {
+      notice(op + " " + job.impl + " " + dims_line(*job.grid, job.dims) + ": " + e.what());
+      ++sum.not_applicable;
+    }
+    measured_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    ++timed;
+  }
+  sum.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (opt.progress) std::cerr << "\r\033[K" << std::flush;
+  return sum;
+}
+
+}  // namespace opforge::perfdb
