@@ -2,7 +2,7 @@
 //
 // Technique. Both are memory-bound on the [N, V] logits (V up to 152k): the ideal reads the
 // logits once in the forward, and reads them once and writes dlogits once in the backward.
-//  - Forward: the threads of a row (a warp for short rows, up to 1024 for long ones, as in
+//  - Forward: the threads of a row (a warp for short rows, up to 256 for long ones, as in
 //    ops/softmax/cuda.cu) read the row once, keeping online (max, sum of exp(z - max)) and, with
 //    label smoothing, sum(z); z = softcap * tanh(x / softcap) is applied on the fly. One thread
 //    of the row then reads z[target] (a single element), and writes lse and the row's loss.
@@ -70,7 +70,7 @@ template <class T> struct ForwardArgs {
 };
 
 template <class T, bool kVec>
-__global__ void __launch_bounds__(1024) forward_kernel(ForwardArgs<T> p, int rt) {
+__global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) {
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   __shared__ Stats stats_scratch[32];
@@ -172,6 +172,9 @@ __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
   const float c_ls = 1.0f - p.o.smoothing, eps = p.o.smoothing / float(p.vocab);
   const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
   for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step) {
+    // The 16-byte logits load goes first: the row's scalars (target, dloss, lse) are small
+    // dependent loads whose latency then overlaps it.
+    const typename U::Raw raw = U::load(p.logits + row * p.logits_stride + u * W);
     const int64_t t = p.target[row * p.target_stride];
     T* out = p.dlogits + row * p.dlogits_stride + u * W;
     typename U::Floats d;
@@ -186,7 +189,7 @@ __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
     const float lse = load_float(p.lse, p.lse_dtype, row * p.lse_stride);
     const float scale = 1.0f + 2.0f * p.o.z_scale * lse;
     const bool bad = t < 0 || t >= p.vocab;
-    typename U::Floats x = U::widen(U::load(p.logits + row * p.logits_stride + u * W));
+    const typename U::Floats x = U::widen(raw);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       const float z = cap(x.v[j], p.o.softcap);
@@ -235,9 +238,9 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.o = o;
     const int64_t units = vocab / UnitOf<T, kVec>::width;
-    int rt = 32;
-    while (rt < 1024 && int64_t(rt) * 8 < units) rt *= 2;  // at most ~8 units per thread
-    const int block = rt == 32 ? 256 : rt;
+    int rt = 32;  // a warp per short row, up to 256 threads per long row; several rows per SM
+    while (rt < 256 && int64_t(rt) * 8 < units) rt *= 2;
+    const int block = 256;
     const int64_t rows_per_block = block / rt;
     const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
     const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);

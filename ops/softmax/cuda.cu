@@ -7,8 +7,8 @@
 //   log_sm bwd     dx = dy - exp(y) * sum(dy)
 //
 // Technique. Row-wise and memory-bound: the ideal moves each input once and each output once.
-//  - One row per group of `row threads` (a power of two from 32 to 1024): short rows get one warp
-//    (8 rows per 256-thread block, reduced with shuffles), long rows a whole block (warp partials
+//  - One row per group of `row threads` (a power of two from 32 to 256) in 256-thread blocks: short
+//    rows get one warp (8 rows per block, reduced with shuffles), long rows up to the whole block (warp partials
 //    merged through shared memory). Launch: rows strided over a grid capped at 65535 x SMs
 //    worth of blocks; int64 offsets (row * row_stride), so 2^31 elements and more index correctly.
 //  - Forward is one pass for the statistics and one for the output. The statistics pass is
@@ -52,7 +52,7 @@ template <class T> struct Args {
 };
 
 template <class T, bool kVec, Kind kKind>
-__global__ void __launch_bounds__(1024) softmax_kernel(Args<T> p, int rt) {
+__global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   constexpr bool kBackward = is_backward(kKind);
@@ -152,9 +152,12 @@ void run(const Context& ctx, const TensorView& out, const TensorView& a, const T
     p.n = n;
     // Row threads: enough that each thread has at most kCache units, at least a warp.
     const int64_t units = n / W;
+    // Row threads: a warp, or more until each thread has at most kCache units, at most a block of
+    // 256 (longer rows stream the rest twice); 256-thread blocks keep several rows in flight per
+    // SM, which is what hides the latency of a row's two phases.
     int rt = 32;
-    while (rt < 1024 && int64_t(rt) * kCache < units) rt *= 2;
-    const int block = rt == 32 ? 256 : rt;  // rt == 32: 8 rows (one warp each) per block
+    while (rt < 256 && int64_t(rt) * kCache < units) rt *= 2;
+    const int block = 256;
     const int64_t rows_per_block = block / rt;
     const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
     const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);

@@ -74,25 +74,34 @@ template <class T, int W> __device__ __forceinline__ Stats add_unit(Stats st, co
   return {m, s};
 }
 
-// Reductions over the `rt` threads of a row (a power of two, 32 <= rt <= 1024). rt == 32: a
-// butterfly over the warp (several rows per block, one warp each); rt > 32: the block is the row,
-// warp butterflies, then every thread merges the warp partials from shared memory in warp order.
-// Every thread of the row ends with the same bits (merge and + are commutative).
+// Reductions over the `rt` threads of a row (a power of two, 32 <= rt <= 1024; the rows of a
+// block are consecutive groups of rt threads). Warp butterflies first; for rt > 32 the warp
+// partials go through shared memory (`scratch`: one slot per warp of the block) and every thread
+// of the row merges its row's partials in warp order. Every thread of the row ends with the same
+// bits (merge and + are commutative). Every thread of the block must call it (barriers).
 inline __device__ Stats row_stats(Stats st, int rt, Stats* scratch) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
     st = merge(st, Stats{__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)});
   if (rt == 32) return st;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = (int(threadIdx.x) / rt) * (rt / 32);
   if (lane == 0) scratch[warp] = st;
   __syncthreads();
-  Stats total = scratch[0];
-  for (int w = 1; w < rt / 32; ++w) total = merge(total, scratch[w]);
+  Stats total = scratch[first];
+  for (int w = 1; w < rt / 32; ++w) total = merge(total, scratch[first + w]);
   __syncthreads();
   return total;
 }
 inline __device__ float row_sum(float v, int rt, float* scratch) {
-  return rt == 32 ? group_sum<32>(v) : block_sum(v, scratch);
+  v = group_sum<32>(v);
+  if (rt == 32) return v;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = (int(threadIdx.x) / rt) * (rt / 32);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = scratch[first];
+  for (int w = 1; w < rt / 32; ++w) total += scratch[first + w];
+  __syncthreads();
+  return total;
 }
 
 }  // namespace opforge::cuda::rows
