@@ -21,7 +21,7 @@
 #include "harness/instance.h"
 #include "opforge/collect.h"
 #include "opforge/registry.h"
-#include "perfdb/nvml.h"
+#include "perfdb/collect_internal.h"
 
 namespace opforge::perfdb {
 
@@ -200,7 +200,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
     if (impls.empty() && opt.dry_run) impls = {"(no kernel in this build)"};
     if (impls.empty()) {
       notice(op + ": no kernel on " + device_kind_name(opt.device) +
-             (opt.impls.empty() ? std::string() : " among --impl " + join(opt.impls)) + "; skipped");
+             (opt.impls.empty() ? std::string() : " among --impl " + detail::join_names(opt.impls)) + "; skipped");
       continue;
     }
     std::vector<Dims> pts;
@@ -219,7 +219,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       else if (h.system != opt.system) why = "system '" + h.system + "'";
       else if (h.op != op) why = "op '" + h.op + "'";
       else if (h.device != sum.device_name) why = "device '" + h.device + "'";
-      else if (t.dim_names != g.dims) why = "dims " + join(t.dim_names);
+      else if (t.dim_names != g.dims) why = "dims " + detail::join_names(t.dim_names);
       if (!why.empty())
         throw Error(ErrorCode::invalid_argument,
                     "collect: " + path + " holds " + why + ", not what this run measures (system '" +
