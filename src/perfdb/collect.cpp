@@ -175,7 +175,11 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
     const DeviceMemoryOps* mem = device_memory_ops(opt.device);
     sum.device_name = mem && mem->device_name ? mem->device_name(opt.device_index) : device_kind_name(opt.device);
   }
-  sum.ceiling_gflops = opt.gemm_gflops > 0 ? opt.gemm_gflops : gemm_ceiling(reg, opt, sum.ceiling_gbps);
+  try {
+    sum.ceiling_gflops = opt.gemm_gflops > 0 ? opt.gemm_gflops : gemm_ceiling(reg, opt, sum.ceiling_gbps);
+  } catch (const std::exception& e) {
+    notice(std::string("no GEMM ceiling (the linear kernel failed: ") + e.what() + "); ceiling_gflops 0");
+  }
   std::function<double()> energy;
   if (opt.device != DeviceKind::cpu) {
     std::string why;
