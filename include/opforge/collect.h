@@ -44,8 +44,6 @@ std::vector<Dims> grid_points(const std::string& op, const std::string& grid, De
                               const GridCap& cap = {}, const std::string& dtype = "bf16");
 // Bytes of every tensor of case_at(op, dims) in `dtype` (index tensors in their own dtype).
 double footprint_bytes(const std::string& op, const std::string& dtype, const Dims& dims);
-// "a, b, c"
-std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 
 struct CollectOptions {
   std::string system;                // required: data/perf/<system>/

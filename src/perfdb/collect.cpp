@@ -21,7 +21,7 @@
 #include "harness/instance.h"
 #include "opforge/collect.h"
 #include "opforge/registry.h"
-#include "perfdb/nvml.h"
+#include "perfdb/collect_internal.h"
 
 namespace opforge::perfdb {
 
@@ -176,7 +176,11 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
     const DeviceMemoryOps* mem = device_memory_ops(opt.device);
     sum.device_name = mem && mem->device_name ? mem->device_name(opt.device_index) : device_kind_name(opt.device);
   }
-  sum.ceiling_gflops = opt.gemm_gflops > 0 ? opt.gemm_gflops : gemm_ceiling(reg, opt, sum.ceiling_gbps);
+  try {
+    sum.ceiling_gflops = opt.gemm_gflops > 0 ? opt.gemm_gflops : gemm_ceiling(reg, opt, sum.ceiling_gbps);
+  } catch (const std::exception& e) {
+    notice(std::string("no GEMM ceiling (the linear kernel failed: ") + e.what() + "); ceiling_gflops 0");
+  }
   std::function<double()> energy;
   if (opt.device != DeviceKind::cpu) {
     std::string why;
@@ -201,7 +205,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
     if (impls.empty() && opt.dry_run) impls = {"(no kernel in this build)"};
     if (impls.empty()) {
       notice(op + ": no kernel on " + device_kind_name(opt.device) +
-             (opt.impls.empty() ? std::string() : " among --impl " + join(opt.impls)) + "; skipped");
+             (opt.impls.empty() ? std::string() : " among --impl " + detail::join_names(opt.impls)) + "; skipped");
       continue;
     }
     std::vector<Dims> pts;
@@ -220,7 +224,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       else if (h.system != opt.system) why = "system '" + h.system + "'";
       else if (h.op != op) why = "op '" + h.op + "'";
       else if (h.device != sum.device_name) why = "device '" + h.device + "'";
-      else if (t.dim_names != g.dims) why = "dims " + join(t.dim_names);
+      else if (t.dim_names != g.dims) why = "dims " + detail::join_names(t.dim_names);
       if (!why.empty())
         throw Error(ErrorCode::invalid_argument,
                     "collect: " + path + " holds " + why + ", not what this run measures (system '" +

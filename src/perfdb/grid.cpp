@@ -26,6 +26,7 @@
 #include "opforge/collect.h"
 #include "opforge/perfdb.h"
 #include "opforge/registry.h"
+#include "perfdb/collect_internal.h"
 
 namespace opforge::perfdb {
 
@@ -91,12 +92,12 @@ void check_dims(const OpGrid& g, const Dims& dims) {
       std::string have;
       for (const auto& [k, v] : dims) have += (have.empty() ? "" : ", ") + k;
       throw Error(ErrorCode::invalid_argument, "perfdb: " + g.op + " needs dim '" + d + "' (dims: " +
-                                                   join(g.dims) + "; given: " + have + ")");
+                                                   detail::join_names(g.dims) + "; given: " + have + ")");
     }
   for (const auto& [k, v] : dims) {
     if (std::find(g.dims.begin(), g.dims.end(), k) == g.dims.end())
       throw Error(ErrorCode::invalid_argument,
-                  "perfdb: " + g.op + " has no dim '" + k + "' (dims: " + join(g.dims) + ")");
+                  "perfdb: " + g.op + " has no dim '" + k + "' (dims: " + detail::join_names(g.dims) + ")");
     const bool may_be_zero = k == "tokens" || k == "batch" || k == "context";
     if (v < (may_be_zero ? 0 : 1))
       throw Error(ErrorCode::invalid_argument, "perfdb: " + g.op + " dim '" + k + "' = " +
@@ -119,7 +120,7 @@ void* dummy_address() {
 
 }  // namespace
 
-std::string join(const std::vector<std::string>& items, const char* sep) {
+std::string detail::join_names(const std::vector<std::string>& items, const char* sep) {
   std::string s;
   for (const std::string& i : items) s += (s.empty() ? "" : sep) + i;
   return s;
@@ -151,7 +152,7 @@ const OpGrid& op_grid(const std::string& op) {
     names.push_back(g.op);
   }
   throw Error(ErrorCode::unknown_name,
-              "perfdb: no grid for op '" + op + "'; known ops: " + join(names));
+              "perfdb: no grid for op '" + op + "'; known ops: " + detail::join_names(names));
 }
 
 Case case_at(const std::string& op, const Dims& dims) {

@@ -2,7 +2,7 @@
 // out here (NVML's ABI: nvmlReturn_t is an int, 0 = success; nvmlDevice_t an opaque pointer).
 // Note: the index NVML counts devices by is the PCI order, while CUDA's default order is "fastest
 // first"; with CUDA_DEVICE_ORDER=PCI_BUS_ID (or one visible device) they agree.
-#include "perfdb/nvml.h"
+#include "perfdb/collect_internal.h"
 
 #include <dlfcn.h>
 
