@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's first command: set up, build, and take a short tour of opforge on its embedded
 # cases: the registry (`opforge list`), the proof (`opforge check`, test + grad modes) and the
-# measurement (`opforge bench`, small and medium groups; `--group large` for model-sized cases).
+# measurement (`opforge bench`, small and medium groups; `--group large` for model-sized cases),
+# and the prediction: `opforge estimate` of Llama-3.1-8B from the perf database shipped in
+# data/perf/ (collected on the 2-core development machine; `opforge collect` makes one for yours).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,3 +20,7 @@ echo; echo "==== opforge check (test + grad modes, every kernel and dtype)"
 echo; echo "==== opforge bench --group small --group medium"
 "$bin" bench --group small --group medium --json build/bench.json --csv build/bench.csv
 echo; echo "full results: build/check.json, build/check.csv, build/bench.json, build/bench.csv"
+echo; echo "==== opforge support --model llama-3.1-8b --system cpu-epyc-2c --input-len 128"
+"$bin" support --model llama-3.1-8b --system cpu-epyc-2c --input-len 128 | tail -n 3
+echo; echo "==== opforge estimate --model llama-3.1-8b --system cpu-epyc-2c --input-len 128 --output-len 32"
+"$bin" estimate --model llama-3.1-8b --system cpu-epyc-2c --input-len 128 --output-len 32 --json build/estimate.json

@@ -209,8 +209,11 @@ std::string format_rows(const std::vector<EstimateRow>& rows) {
   std::string s = fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11} {:>11} {:>6}  {}\n", "op", "kernel", "op name",
                               "shapes", "calls", "us/call", "us", "share", "how");
   for (const EstimateRow& r : rows) {
-    const std::string how = std::string(perfdb::method_name(r.answer.method)) +
-                            (r.answer.how.empty() ? "" : ": " + r.answer.how) +
+    const std::string method = perfdb::method_name(r.answer.method);
+    // Answer::how often starts with the method's own name ("interpolated in tokens ..."): say it once.
+    const std::string how = (r.answer.how.rfind(method, 0) == 0 ? r.answer.how
+                             : r.answer.how.empty()             ? method
+                                                                : method + ": " + r.answer.how) +
                             (r.call.note.empty() ? "" : " [" + r.call.note + "]");
     s += fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11.2f} {:>11.2f} {:>5.1f}%  {}\n", r.call.name,
                      r.answer.impl, r.call.op.empty() ? "(modelled)" : r.call.op, dims_str(r.call.dims, r.call.op),
