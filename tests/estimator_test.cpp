@@ -386,7 +386,8 @@ TEST(Estimator, RingModelIsCalibratedOnMeasuredTp) {
   EXPECT_NEAR(r.step_latency_us, lat, 0.01 * lat);
   EXPECT_NEAR(r.bus_gbps, bw, 0.01 * bw);
   EXPECT_THAT(r.source, HasSubstr("calibrated"));
-  const OpCall& c = find(decoder_layer(m, Workload::prefill(1, 64, 4)), "attn_all_reduce");
+  const std::vector<OpCall> layer = decoder_layer(m, Workload::prefill(1, 64, 4));  // outlives c
+  const OpCall& c = find(layer, "attn_all_reduce");
   perfdb::Answer a = answer_call(d, c, "auto", "bf16");
   EXPECT_EQ(a.method, perfdb::Method::modelled);
   EXPECT_NEAR(a.us, ring(double(c.dims.at("message_bytes")), 4), 0.01 * a.us);
