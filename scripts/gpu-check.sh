@@ -20,8 +20,12 @@
 # Environment: OUT (default ./out), JOBS (default: all cores), BUILD_DIR (default build-gpu),
 # GPU_CHECK_SKIP (space-separated step names to skip, e.g. "full_tests racecheck_harness"),
 # GPU_CHECK_BENCH_ARGS (extra `opforge bench` arguments, e.g. "rms_norm --dtype bf16 --group large"),
-# GPU_CHECK_COLLECT (a system name: collect the quick-grid perf database of this card, step 3a;
+# GPU_CHECK_COLLECT (a system name, or "auto" for nvidia-h100 / nvidia-h200 by the card: collect the
+# quick-grid perf database of this card, step 3a, resuming data/perf/<system> of the working tree;
 # GPU_CHECK_COLLECT_OPS limits it to some ops, GPU_CHECK_COLLECT_SECONDS its time, default 420),
+# GPU_CHECK_RUN_LAYER (non-empty: step 3c, `opforge run-layer` against the estimate for
+# GPU_CHECK_RUN_LAYER_MODELS, default "llama-3.1-8b qwen3-30b-a3b", prefill 512 / 2048 / 8192 tokens
+# and decode batch 1 / 32 / 256 at context 2048, from the collected or the tree's database),
 # GPU_CHECK_CXX_FLAGS (extra host-compiler flags, e.g. "-include cstdint" to get past a header that
 # leans on an include the GPU machine's newer libstdc++ no longer makes for it).
 # Needs CMake >= 3.26 on the GPU machine (older CMake cannot ask nvcc for C++20).
@@ -211,9 +215,20 @@ if [[ $built -eq 1 ]]; then
   # `opforge collect --grid quick --device cuda` into a scratch root, then leave-one-out
   # validation; the CSVs come back as one archive, $OUT/perfdb-<system>.tar.gz (unpack it under
   # data/perf/). With 2+ GPUs the NCCL all-reduce table is collected too.
+  PERF_ROOT="${TMPDIR:-/tmp}/opforge-perf"
+  if [[ ${GPU_CHECK_COLLECT:-} == auto ]]; then
+    case "$CARD" in
+      *H200*) GPU_CHECK_COLLECT=nvidia-h200 ;;
+      *H100*) GPU_CHECK_COLLECT=nvidia-h100 ;;
+      *) GPU_CHECK_COLLECT="$(echo "$CARD" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')" ;;
+    esac
+  fi
   if [[ -n ${GPU_CHECK_COLLECT:-} ]]; then
     collect_db() {
-      local root="${TMPDIR:-/tmp}/opforge-perf"
+      local root="$PERF_ROOT"
+      if [[ -d data/perf/$GPU_CHECK_COLLECT && ! -d $root/$GPU_CHECK_COLLECT ]]; then  # resume the tree's rows
+        mkdir -p "$root" && cp -r "data/perf/$GPU_CHECK_COLLECT" "$root/"
+      fi
       # Stops short of the step's limit so that what was measured still gets archived (rows are
       # written as they are measured; a later call resumes).
       local budget=$(( ${GPU_CHECK_COLLECT_SECONDS:-420} - 40 ))
@@ -232,8 +247,30 @@ if [[ $built -eq 1 ]]; then
       tar -C "$root" -czf "$OUT/perfdb-$GPU_CHECK_COLLECT.tar.gz" "$GPU_CHECK_COLLECT"
     }
     export -f collect_db
-    export GPU_CHECK_COLLECT GPU_CHECK_COLLECT_OPS
+    export GPU_CHECK_COLLECT GPU_CHECK_COLLECT_OPS PERF_ROOT
     run_step collect "$OUT/bench.log" "${GPU_CHECK_COLLECT_SECONDS:-420}" collect_db
+  fi
+
+  # ---- 3c. one decoder layer measured against the estimate (GPU_CHECK_RUN_LAYER) ---------------
+  if [[ -n ${GPU_CHECK_RUN_LAYER:-} ]]; then
+    run_layers() {
+      local system="${GPU_CHECK_COLLECT:-nvidia-h200}" data="$PERF_ROOT"
+      [[ -d $data/$system ]] || data=data/perf
+      local m
+      for m in ${GPU_CHECK_RUN_LAYER_MODELS:-llama-3.1-8b qwen3-30b-a3b}; do
+        for t in 512 2048 8192; do
+          OPFORGE_PERF_DATA="$data" "$BIN" run-layer --model "$m" --tokens "$t" --device cuda --system "$system" \
+            --repeat 10 || echo "run-layer $m prefill $t failed"
+        done
+        for b in 1 32 256; do
+          OPFORGE_PERF_DATA="$data" "$BIN" run-layer --model "$m" --batch "$b" --context 2048 --device cuda \
+            --system "$system" --repeat 10 || echo "run-layer $m decode batch $b failed"
+        done
+      done
+    }
+    export -f run_layers
+    export GPU_CHECK_COLLECT GPU_CHECK_RUN_LAYER_MODELS PERF_ROOT
+    run_step run_layer "$OUT/bench.log" 300 run_layers
   fi
 
   # ---- 3b. side by side with torch (eager, torch.compile) on this card ---------------------------

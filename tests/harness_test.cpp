@@ -80,3 +80,60 @@ TEST(Harness, PerfReportsTimesAndCeiling) {
 }
 
 }  // namespace
+
+// Note [perf inputs]: perf-mode inputs follow each fill rule, in the dtype, reproducibly, and
+// blocks filled in parallel do not repeat one another.
+#include "harness/materialize.h"
+
+namespace {
+
+TEST(PerfInputs, FollowTheFillRuleInTheDtype) {
+  using opforge::harness::detail::fill_for_perf;
+  const int64_t n = (int64_t(1) << 17) + 3;  // three blocks, the last one short
+  TensorInit ids;
+  ids.shape = Shape{n};
+  ids.fill = Fill::integers;
+  ids.low = 5;
+  ids.high = 9;
+  std::vector<int32_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+  fill_for_perf(a.data(), ids, DType::i32, 42);
+  fill_for_perf(b.data(), ids, DType::i32, 42);
+  EXPECT_EQ(a, b);
+  std::vector<int> seen(9, 0);
+  for (int32_t v : a) {
+    ASSERT_GE(v, 5);
+    ASSERT_LT(v, 9);
+    ++seen[size_t(v)];
+  }
+  for (int v = 5; v < 9; ++v) EXPECT_GT(seen[size_t(v)], n / 8) << v;
+
+  TensorInit cycle;
+  cycle.shape = Shape{7};
+  cycle.fill = Fill::values;
+  cycle.values = {0, 3, 10};
+  std::vector<int64_t> c(7);
+  fill_for_perf(c.data(), cycle, DType::i64, 1);
+  EXPECT_EQ(c, (std::vector<int64_t>{0, 3, 10, 0, 3, 10, 0}));
+
+  TensorInit normal;
+  normal.shape = Shape{n};
+  normal.fill = Fill::normal;
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  fill_for_perf(h.data(), normal, DType::bf16, 7);
+  double sum = 0, sq = 0;
+  for (uint16_t x : h) {
+    const double v = bf16_to_f32(x);
+    sum += v;
+    sq += v * v;
+  }
+  EXPECT_NEAR(sum / double(n), 0.0, 0.02);
+  EXPECT_NEAR(sq / double(n), 1.0, 0.03);
+  EXPECT_FALSE(std::equal(h.begin(), h.begin() + (1 << 16), h.begin() + (1 << 16)));  // blocks differ
+
+  TensorInit empty;
+  empty.shape = Shape{3};
+  empty.fill = Fill::values;
+  EXPECT_THROW(fill_for_perf(h.data(), empty, DType::bf16, 1), Error);
+}
+
+}  // namespace

@@ -57,6 +57,7 @@ void add_collect(CLI::App& app, int& status) {
     perfdb::CollectSummary s = perfdb::collect(reg, o);
     std::printf("device: %s\nceilings: copy %.1f GB/s, GEMM %.1f GFLOP/s\n", s.device_name.c_str(),
                 s.ceiling_gbps, s.ceiling_gflops);
+    if (s.ceiling_gflops_end > 0) std::printf("GEMM ceiling again at the end: %.1f GFLOP/s\n", s.ceiling_gflops_end);
     std::printf("measured %d rows, %d already present, %d grid points over the cap, %d not measured, "
                 "in %.0f s\n", s.measured, s.already_present, s.capped, s.not_applicable, s.seconds);
     for (const std::string& file : s.files) std::printf("  %s\n", file.c_str());

@@ -72,6 +72,10 @@ struct CollectSummary {
   int not_applicable = 0;   // kernel predicate said no, or the measurement failed (noticed)
   double seconds = 0;
   double ceiling_gbps = 0, ceiling_gflops = 0;
+  // Note [ceiling drift]: the GEMM ceiling measured again after the rows (0 when nothing was
+  // measured or there is no linear kernel). A shared machine can change speed during a long
+  // collection; a difference above 10% is noticed, and such a database should be collected again.
+  double ceiling_gflops_end = 0;
   std::string device_name;
   std::vector<std::string> files;
 };

@@ -114,6 +114,10 @@ struct DeviceMemoryOps {
   void (*to_device)(void* dst_dev, const void* src_host, int64_t bytes, int device_index) = nullptr;
   void (*device_to_device)(void* dst, const void* src, int64_t bytes, int device_index) = nullptr;
   void (*synchronize)(int device_index) = nullptr;
+  // `rows` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch`
+  // apart), enqueued on the current stream without waiting (capturable in a CUDA graph).
+  void (*copy_rows_async)(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+                          int64_t rows, int device_index) = nullptr;
   // Timing for the harness's perf mode: runs fn(arg) `warmup` times, then `reps` samples of
   // `batch` back-to-back calls between two device events; returns the median per-call time of the
   // samples in microseconds. The CUDA backend captures the `batch` calls in a graph and replays it

@@ -64,6 +64,17 @@ static const OutputSpec& spec_for(const OpEntry& op, const std::vector<OutputSpe
   throw Error(ErrorCode::internal, op.name + ": the shape function gives no output '" + op.args[i].name + "'");
 }
 
+// Outputs of plain arguments: allocated from the shape function, zeros.
+static void add_plain_outputs(const OpEntry& op, const std::vector<ArgPlan>& plan, Device device, PlainArgs& a) {
+  std::vector<OutputSpec> specs = output_specs(op, a.values);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (!plan[i].is_output) continue;
+    const OutputSpec& s = spec_for(op, specs, i);
+    a.tensors[i] = Tensor::zeros(s.shape, s.dtype, device);
+    a.values[i] = a.tensors[i].view();
+  }
+}
+
 PlainArgs make_plain(const OpEntry& op, const std::vector<ArgPlan>& plan,
                      const std::vector<std::vector<double>>& masters, DType dtype, Device device) {
   PlainArgs a;
@@ -76,13 +87,26 @@ PlainArgs make_plain(const OpEntry& op, const std::vector<ArgPlan>& plan,
     a.tensors[i] = make_tensor(p.init.shape, input_dtype(p, dtype), device, masters[i]);
     a.values[i] = a.tensors[i].view();
   }
-  std::vector<OutputSpec> specs = output_specs(op, a.values);
+  add_plain_outputs(op, plan, device, a);
+  return a;
+}
+
+PlainArgs make_perf_args(const OpEntry& op, const Case& c, const std::vector<ArgPlan>& plan, DType dtype,
+                         Device device, uint64_t seed) {
+  PlainArgs a;
+  a.tensors.resize(plan.size());
+  a.values.resize(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
-    if (!plan[i].is_output) continue;
-    const OutputSpec& s = spec_for(op, specs, i);
-    a.tensors[i] = Tensor::zeros(s.shape, s.dtype, device);
+    const ArgPlan& p = plan[i];
+    if (!p.is_tensor) { a.values[i] = p.scalar; continue; }
+    if (p.is_output || !p.present) { a.values[i] = None{}; continue; }
+    const DType t = input_dtype(p, dtype);
+    Tensor host = Tensor::empty(p.init.shape, t, Device::cpu());
+    fill_for_perf(host.data(), p.init, t, mix_seed(seed, op.name, c.label, op.args[i].name));
+    a.tensors[i] = device.is_cpu() ? std::move(host) : Tensor::copy_of(host.view(), device, t);
     a.values[i] = a.tensors[i].view();
   }
+  add_plain_outputs(op, plan, device, a);
   return a;
 }
 

@@ -35,6 +35,9 @@ struct PlainArgs {
 };
 PlainArgs make_plain(const OpEntry& op, const std::vector<ArgPlan>& plan,
                      const std::vector<std::vector<double>>& masters, DType dtype, Device device);
+// The same for perf mode, inputs filled in parallel straight into their dtype (Note [perf inputs]).
+PlainArgs make_perf_args(const OpEntry& op, const Case& c, const std::vector<ArgPlan>& plan, DType dtype,
+                         Device device, uint64_t seed);
 
 // Guarded arguments for a checked run (Note [poison and guards]).
 struct GuardedArgs {

@@ -26,6 +26,8 @@ uint64_t mix_seed(uint64_t seed, std::string_view a, std::string_view b, std::st
 // Master values (f64) for a TensorInit, rounded to `dtype` so that every backend and the f64
 // truth see exactly the same numbers.
 std::vector<double> generate(const TensorInit& init, DType dtype, Rng& rng);
+// Fills a contiguous host buffer of init.shape in `dtype` for perf mode (Note [perf inputs]).
+void fill_for_perf(void* host, const TensorInit& init, DType dtype, uint64_t seed);
 
 // Bytes used for the sentinel guard on each side of a buffer.
 inline constexpr int64_t kGuardBytes = 256;

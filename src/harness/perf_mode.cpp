@@ -58,8 +58,7 @@ Result perf_one(const Registry& reg, const Options& opt, const OpEntry& op, cons
   Device dev = device_for(opt, k);
   Result r{"perf", op.name, k.impl(), dev.str(), dtype_name(t), c.label, case_group_name(c.group)};
   std::vector<ArgPlan> plan = plan_case(op, c);
-  auto masters = input_masters(op, c, plan, t, opt.seed);
-  PlainArgs a = make_plain(op, plan, masters, t, dev);
+  PlainArgs a = make_perf_args(op, c, plan, t, dev, opt.seed);
   const char* why = k.boxed_predicate ? k.boxed_predicate(k.predicate, a.values) : nullptr;
   if (why) {
     r.status = Status::skip;

@@ -43,6 +43,10 @@ struct LayerRun {
   std::vector<MeasuredRow> rows;
   double layer_us = 0;  // median over the repetitions of the whole layer
   int repeat = 0;
+  // How layer_us was timed (Note [layer timing] in run_layer.cpp): "host clock, sum of steps" on
+  // the CPU; "device graph" or "device events" on a GPU.
+  std::string layer_timing;
+  bool host_staged = false;  // some step ran as a host loop with copies to and from the device
 };
 
 LayerRun run_layer(const ModelSpec& m, const RunLayerOptions& o);

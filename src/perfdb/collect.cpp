@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -328,8 +329,20 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
     measured_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     ++timed;
   }
-  sum.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (opt.progress) std::cerr << "\r\033[K" << std::flush;
+  if (sum.measured > 0 && sum.ceiling_gflops > 0 && opt.gemm_gflops <= 0) {  // Note [ceiling drift]
+    try {
+      sum.ceiling_gflops_end = gemm_ceiling(reg, opt, sum.ceiling_gbps);
+    } catch (const std::exception&) {
+      sum.ceiling_gflops_end = 0;
+    }
+    const double drift = sum.ceiling_gflops_end / sum.ceiling_gflops - 1;
+    if (sum.ceiling_gflops_end > 0 && std::abs(drift) > 0.10)
+      notice("the GEMM ceiling moved by " + std::to_string(int(std::lround(drift * 100))) + "% during the collection (" +
+             std::to_string(int(sum.ceiling_gflops)) + " -> " + std::to_string(int(sum.ceiling_gflops_end)) +
+             " GFLOP/s): the machine changed speed; collect again in a quiet period");
+  }
+  sum.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return sum;
 }
 

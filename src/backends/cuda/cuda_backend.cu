@@ -76,6 +76,14 @@ void cuda_device_to_device(void* dst, const void* src, int64_t bytes, int device
   check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
 }
 
+void cuda_copy_rows_async(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+                          int64_t rows, int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  check(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(width), size_t(rows),
+                          cudaMemcpyDeviceToDevice, cuda::current_stream()),
+        "cudaMemcpy2DAsync (device to device)");
+}
+
 void cuda_synchronize(int device_index) {
   cuda::DeviceGuard guard(device_index);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -259,6 +267,7 @@ void register_cuda_backend(Registry&) {
   ops.to_device = &cuda_to_device;
   ops.device_to_device = &cuda_device_to_device;
   ops.synchronize = &cuda_synchronize;
+  ops.copy_rows_async = &cuda_copy_rows_async;
   ops.time_calls_us = &cuda_time_calls_us;
   ops.device_name = &cuda_device_name;
   install_device_memory_ops(DeviceKind::cuda, ops);
