@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "ops/attention/attention_cuda.h"
 #include "ops/embedding/embedding_cuda.h"
+#include "ops/layernorm/layernorm_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/rotary/rotary_cuda.h"
 #include "ops/routing/routing_cuda.h"
@@ -51,6 +52,7 @@ void register_all(Registry& reg) {
   register_linear_cuda(reg);
   register_embedding_cuda(reg);
   register_attention_cuda(reg);
+  register_layernorm_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif
