@@ -19,6 +19,9 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
     "layer_norm",       "layer_norm_backward",
+    "gelu_new",         "gelu_new_backward",          "gelu_fast",          "gelu_fast_backward",
+    "quick_gelu",       "quick_gelu_backward",        "relu2",              "relu2_backward",
+    "xielu",            "xielu_backward",             "swigluoai_and_mul",  "swigluoai_and_mul_backward",
 };
 
 }  // namespace opforge

@@ -15,6 +15,7 @@
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
+#include "ops/activation/activation_pointwise_cuda.h"
 #include "ops/attention/attention_cuda.h"
 #include "ops/embedding/embedding_cuda.h"
 #include "ops/layernorm/layernorm_cuda.h"
@@ -53,6 +54,7 @@ void register_all(Registry& reg) {
   register_embedding_cuda(reg);
   register_attention_cuda(reg);
   register_layernorm_cuda(reg);
+  register_activation_pointwise_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif
