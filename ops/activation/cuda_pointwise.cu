@@ -22,7 +22,7 @@
 //
 // Aliasing: each thread reads all its inputs before it writes its outputs, at the same columns,
 // so the pointwise in-place forms (y = x, dx = dy) are safe; swigluoai's outputs overlap no input
-// unless its check allows the same exact columns.
+// (its check).
 #include <algorithm>
 #include <initializer_list>
 

@@ -22,6 +22,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "gelu_new",         "gelu_new_backward",          "gelu_fast",          "gelu_fast_backward",
     "quick_gelu",       "quick_gelu_backward",        "relu2",              "relu2_backward",
     "xielu",            "xielu_backward",             "swigluoai_and_mul",  "swigluoai_and_mul_backward",
+    "quant_fp8",
 };
 
 }  // namespace opforge

@@ -20,6 +20,7 @@
 #include "ops/embedding/embedding_cuda.h"
 #include "ops/layernorm/layernorm_cuda.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/quant/quant_cuda.h"
 #include "ops/rotary/rotary_cuda.h"
 #include "ops/routing/routing_cuda.h"
 #include "ops/softmax/softmax_cuda.h"
@@ -55,6 +56,7 @@ void register_all(Registry& reg) {
   register_attention_cuda(reg);
   register_layernorm_cuda(reg);
   register_activation_pointwise_cuda(reg);
+  register_quant_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif
