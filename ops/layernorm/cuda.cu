@@ -11,9 +11,11 @@
 //    is read from memory once although the statistics need two reductions (the sum, then the
 //    centred sum of squares, as the reference: no E[x^2] - E[x]^2 cancellation). Rows of <= 32
 //    packs share 256-thread blocks (a group of 1..32 lanes per row, shuffle reductions); longer
-//    rows take one block (warp, then block reduction, Note [cuda reductions]). Forward: up to
-//    2 * 1024 packs per row (hidden 16384 bf16, 8192 f32); backward: 2 * 512 packs. w and b are
-//    loaded once per thread and kept in registers. Needs 16-byte aligned pointers, hidden and row
+//    rows take one block (warp, then block reduction, Note [cuda reductions]); with many rows a
+//    block of <= 512 threads takes 2 rows at once (all their loads issued before the reductions,
+//    Note [rows in flight] in ops/norm/cuda.cu). Forward: up to 2 * 1024 packs per row (hidden
+//    16384 bf16, 8192 f32; the bf16 kernel with 2 packs a thread spills 20 bytes at 1024 threads);
+//    backward: 2 * 512 packs. w and b are loaded once per thread and kept in registers. Needs 16-byte aligned pointers, hidden and row
 //    strides multiples of the pack, w and b contiguous (the predicates say which fails).
 //  - cuda (priority 100): any layout the check accepts. One block per row, scalar loads, three
 //    passes over the row (the later passes hit L1/L2).
@@ -72,8 +74,15 @@ __device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, f
 }
 
 // Sum over the threads of one row: a lane group (threads <= 32) or the whole block.
-__device__ __forceinline__ float row_sum(float v, int threads, float* scratch) {
-  return threads > 32 ? block_sum(v, scratch) : lane_group_sum(v, threads);
+// R sums at once (one barrier pair for all R when the row takes the whole block); `scratch` holds
+// R * 32 floats.
+template <int R> __device__ __forceinline__ void rows_sum(float (&v)[R], int threads, float* scratch) {
+  if (threads > 32) {
+    block_sum_n<R>(v, scratch);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = lane_group_sum(v[r], threads);
+  }
 }
 
 // ---- forward, scalar -------------------------------------------------------------------------------
@@ -100,12 +109,16 @@ __global__ void __launch_bounds__(512) layer_norm_rows_kernel(FwdArgs<T> a) {
 }
 
 // ---- forward, register-resident --------------------------------------------------------------------
-// `threads` threads per row; blockDim.x / threads rows per block step. Pack i of a row lives in
-// thread i % threads of the row's group, slot i / threads.
-template <class T, int K>
-__global__ void __launch_bounds__(kFwdMaxThreads) layer_norm_vec_kernel(FwdArgs<T> a, int threads) {
+// `threads` threads per row; blockDim.x / threads row slots per block. Pack i of a row lives in
+// thread i % threads of the row's group, slot i / threads. Each slot takes R rows at once
+// (Note [rows in flight] in ops/norm/cuda.cu: every load of the R rows is issued before the first
+// reduction), so a block step covers R * blockDim.x / threads rows. R > 1 only with blocks of at
+// most 512 threads, two of them per SM (64 registers).
+template <class T, int K, int R>
+__global__ void __launch_bounds__(R == 1 ? kFwdMaxThreads : 512, R == 1 ? 1 : 2)
+    layer_norm_vec_kernel(FwdArgs<T> a, int threads) {
   constexpr int N = Pack<T>::n;
-  __shared__ float scratch[32];
+  __shared__ float scratch[R * 32];
   const int n_packs = int(a.hidden / N);
   const int slots = blockDim.x / threads;
   const int t = threadIdx.x % threads;
@@ -119,49 +132,72 @@ __global__ void __launch_bounds__(kFwdMaxThreads) layer_norm_vec_kernel(FwdArgs<
       if (has_b) bp[k] = load_pack_readonly(a.b + i * N);
     }
   }
-  const int64_t step = int64_t(gridDim.x) * slots;
+  const int64_t rows_per_step = int64_t(slots) * R;
+  const int64_t step = int64_t(gridDim.x) * rows_per_step;
   // The loop bound is block-uniform so that every lane reaches the shuffles and barriers.
-  for (int64_t base = int64_t(blockIdx.x) * slots; base < a.rows; base += step) {
-    const int64_t row = base + threadIdx.x / threads;
-    const bool live = row < a.rows;
-    const int64_t r = live ? row : 0;
-    const T* x = a.x + r * a.x_stride;
-    Pack<T> xp[K];
-    float sum = 0.0f;
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_step; base < a.rows; base += step) {
+    Pack<T> xp[R][K];
+    float v[R];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = t + k * threads;
-      if (live && i < n_packs) {
-        xp[k] = load_pack(x + i * N);
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;
+      const bool live = row < a.rows;
+      const T* x = a.x + (live ? row : 0) * a.x_stride;
 #pragma unroll
-        for (int j = 0; j < N; ++j) sum += to_f32(xp[k].v[j]);
+      for (int k = 0; k < K; ++k) {
+        const int i = t + k * threads;
+        if (live && i < n_packs) xp[r][k] = load_pack(x + i * N);
       }
     }
-    const float mean = row_sum(sum, threads, scratch) / float(a.hidden);
-    float sq = 0.0f;
+    // Sums, then means.
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = t + k * threads;
-      if (live && i < n_packs)
+    for (int r = 0; r < R; ++r) {
+      const bool live = base + int64_t(r) * slots + threadIdx.x / threads < a.rows;
+      v[r] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float d = to_f32(xp[k].v[j]) - mean;
-          sq += d * d;
-        }
+      for (int k = 0; k < K; ++k)
+        if (live && t + k * threads < n_packs)
+#pragma unroll
+          for (int j = 0; j < N; ++j) v[r] += to_f32(xp[r][k].v[j]);
     }
-    const float rstd = rstd_of(row_sum(sq, threads, scratch), a.hidden, a.eps);
-    T* y = a.y + r * a.y_stride;
+    rows_sum<R>(v, threads, scratch);
+    float mean[R];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = t + k * threads;
-      if (live && i < n_packs) {
-        Pack<T> out;
+    for (int r = 0; r < R; ++r) mean[r] = v[r] / float(a.hidden);
+    // Centred sums of squares, then rstd.
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float bias = has_b ? to_f32(bp[k].v[j]) : 0.0f;
-          out.v[j] = from_f32<T>((to_f32(xp[k].v[j]) - mean) * rstd * to_f32(wp[k].v[j]) + bias);
+    for (int r = 0; r < R; ++r) {
+      const bool live = base + int64_t(r) * slots + threadIdx.x / threads < a.rows;
+      v[r] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (live && t + k * threads < n_packs)
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float d = to_f32(xp[r][k].v[j]) - mean[r];
+            v[r] += d * d;
+          }
+    }
+    rows_sum<R>(v, threads, scratch);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;
+      if (row >= a.rows) continue;
+      const float rstd = rstd_of(v[r], a.hidden, a.eps);
+      T* y = a.y + row * a.y_stride;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = t + k * threads;
+        if (i < n_packs) {
+          Pack<T> out;
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float bias = has_b ? to_f32(bp[k].v[j]) : 0.0f;
+            out.v[j] =
+                from_f32<T>((to_f32(xp[r][k].v[j]) - mean[r]) * rstd * to_f32(wp[k].v[j]) + bias);
+          }
+          store_pack(y + i * N, out);
         }
-        store_pack(y + i * N, out);
       }
     }
   }
@@ -329,9 +365,17 @@ template <class T> void launch_forward(const Context& ctx, const FwdArgs<T>& a, 
     return;
   }
   const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kFwdMaxThreads, 256);
-  const unsigned grid = grid_for(a.rows, s.rows_per_block);
-  if (s.k == 1) layer_norm_vec_kernel<T, 1><<<grid, s.block, 0, stream>>>(a, s.threads);
-  else layer_norm_vec_kernel<T, 2><<<grid, s.block, 0, stream>>>(a, s.threads);
+  // Rows at once (Note [rows in flight] in ops/norm/cuda.cu): 2 from 4 rows per SM with one pack
+  // per thread, one row per block and at most 512 threads; else 1 (short rows already share a
+  // block). Not 4 as rms_norm: layer_norm keeps b and the centred pass live, and at R = 4 the
+  // 16-bit kernels need about 90 registers (one 512-thread block per SM) or spill at 64; at R = 2
+  // they fit 64 (two blocks per SM) without spilling. The K = 2 kernel spills at R = 2.
+  const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
+  const bool two = a.rows >= 4 * sms && s.k == 1 && s.rows_per_block == 1 && s.block <= 512;
+  const unsigned grid = grid_for(a.rows, int64_t(s.rows_per_block) * (two ? 2 : 1));
+  if (two) layer_norm_vec_kernel<T, 1, 2><<<grid, s.block, 0, stream>>>(a, s.threads);
+  else if (s.k == 1) layer_norm_vec_kernel<T, 1, 1><<<grid, s.block, 0, stream>>>(a, s.threads);
+  else layer_norm_vec_kernel<T, 2, 1><<<grid, s.block, 0, stream>>>(a, s.threads);
   check_launch("layer_norm_cuda_vec16 kernel launch");
 }
 
