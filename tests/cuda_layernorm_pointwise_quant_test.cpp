@@ -36,6 +36,7 @@ const Context kCpuCtx{};
   do {                                                           \
     Availability a = cuda_availability();                        \
     if (!a.ok) GTEST_SKIP() << "CUDA unavailable: " << a.reason; \
+    (void)global_registry(); /* installs the device memory hooks */ \
   } while (0)
 
 // The typed kernel and predicate of one registered CUDA kernel of Op.
