@@ -18,6 +18,11 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "embedding",        "embedding_backward",         "attention_decode",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
+    "layer_norm",       "layer_norm_backward",
+    "gelu_new",         "gelu_new_backward",          "gelu_fast",          "gelu_fast_backward",
+    "quick_gelu",       "quick_gelu_backward",        "relu2",              "relu2_backward",
+    "xielu",            "xielu_backward",             "swigluoai_and_mul",  "swigluoai_and_mul_backward",
+    "quant_fp8",
 };
 
 }  // namespace opforge

@@ -15,9 +15,12 @@
 
 #ifdef OPFORGE_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
+#include "ops/activation/activation_pointwise_cuda.h"
 #include "ops/attention/attention_cuda.h"
 #include "ops/embedding/embedding_cuda.h"
+#include "ops/layernorm/layernorm_cuda.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/quant/quant_cuda.h"
 #include "ops/rotary/rotary_cuda.h"
 #include "ops/routing/routing_cuda.h"
 #include "ops/softmax/softmax_cuda.h"
@@ -51,6 +54,9 @@ void register_all(Registry& reg) {
   register_linear_cuda(reg);
   register_embedding_cuda(reg);
   register_attention_cuda(reg);
+  register_layernorm_cuda(reg);
+  register_activation_pointwise_cuda(reg);
+  register_quant_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif

@@ -1,0 +1,132 @@
+// The activation functions of the CUDA kernels (cuda_pointwise.cu), as device functors on f32: the
+// same math as the cpu kernels' functors (functors-inl.h, Highway vectors) and the reference
+// (reference.cpp, double), written for one lane. functors-inl.h is compiled per Highway target
+// and cannot run on the device, so these sit next to it with the same names and formulas.
+//
+// Every pointwise functor has
+//   float value(float a)                          the activation
+//   void value_slope(float a, float& v, float& s) the activation and its derivative d value / d a
+//
+// Note [activation math, cuda]: as on the cpu (Note [activation math] in functors-inl.h),
+// tanh-GELU is x sigmoid(2u) (0.5 (1 + tanh(u)) = sigmoid(2u)), and every sigmoid comes from
+// e = expf(-|z|) in (0, 1]: s = 1 / (1 + e) for z >= 0, e / (1 + e) otherwise, with 1 - s taken
+// from the same e (never 1 - s as a difference, which loses its relative accuracy where s is near
+// 1 and derivatives multiply it by terms that grow with a). expf, expm1f: accurate CUDA math (no
+// fast-math intrinsics). Comparisons are written so that NaN propagates as in the reference
+// (std::max(a, 0) and std::min(a, eps) return a NaN a).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace opforge::cuda::act {
+
+// s = sigmoid(z) and sc = 1 - s = sigmoid(-z).
+__device__ __forceinline__ void sigmoid_both(float z, float& s, float& sc) {
+  const float e = expf(-fabsf(z));
+  const float r = 1.0f / (1.0f + e);
+  const float er = e * r;
+  const bool negative = z < 0.0f;
+  s = negative ? er : r;
+  sc = negative ? r : er;
+}
+
+// a sigmoid(alpha a): quick_gelu (alpha 1.702), swigluoai_and_mul's gate.
+struct ScaledSilu {
+  float alpha = 1.0f;
+  __device__ __forceinline__ float value(float a) const {
+    float s, sc;
+    sigmoid_both(alpha * a, s, sc);
+    return a * s;
+  }
+  // d/da = s + alpha a s (1 - s) = s (1 + alpha a (1 - s))
+  __device__ __forceinline__ void value_slope(float a, float& v, float& slope) const {
+    float s, sc;
+    sigmoid_both(alpha * a, s, sc);
+    v = a * s;
+    slope = s * (1.0f + alpha * a * sc);
+  }
+};
+
+// 0.5 a (1 + tanh(u)) = a sigmoid(2u), u = c (a + 0.044715 a^3): gelu_new (c = sqrt(2/pi)),
+// gelu_fast (c = 0.7978845608).
+struct GeluTanh {
+  float c = 0.7978845608028654f;
+  __device__ __forceinline__ float two_u(float a) const {
+    return 2.0f * c * a * (1.0f + 0.044715f * a * a);
+  }
+  __device__ __forceinline__ float value(float a) const {
+    float s, sc;
+    sigmoid_both(two_u(a), s, sc);
+    return a * s;
+  }
+  // d/da = s + a s (1 - s) 2c (1 + 3 * 0.044715 a^2), the reference's
+  // 0.5 (1 + t) + 0.5 a (1 - t^2) c (1 + 3 * 0.044715 a^2) with 1 - t^2 = 4 s (1 - s).
+  __device__ __forceinline__ void value_slope(float a, float& v, float& slope) const {
+    float s, sc;
+    sigmoid_both(two_u(a), s, sc);
+    v = a * s;
+    const float du = 2.0f * c * (1.0f + 3.0f * 0.044715f * a * a);
+    slope = s + v * sc * du;
+  }
+};
+
+// max(a, 0)^2; a NaN a stays NaN (std::max(a, 0) returns a).
+struct Relu2 {
+  __device__ __forceinline__ static float relu(float a) { return a < 0.0f ? 0.0f : a; }
+  __device__ __forceinline__ float value(float a) const {
+    const float r = relu(a);
+    return r * r;
+  }
+  __device__ __forceinline__ void value_slope(float a, float& v, float& slope) const {
+    const float r = relu(a);
+    v = r * r;
+    slope = 2.0f * r;
+  }
+};
+
+// xielu: alpha_p a^2 + beta a for a > 0, (expm1(min(a, eps)) - a) alpha_n + beta a otherwise.
+// d/da: 2 alpha_p a + beta for a > 0; alpha_n ((a < eps ? e^a : 0) - 1) + beta otherwise.
+struct Xielu {
+  float alpha_p = 0.8f, alpha_n = 0.8f, beta = 0.5f, eps = -1e-6f;
+  __device__ __forceinline__ float negative_part(float a) const {
+    const float m = eps < a ? eps : a;  // std::min(a, eps): a NaN a stays NaN
+    return (expm1f(m) - a) * alpha_n + beta * a;
+  }
+  __device__ __forceinline__ float value(float a) const {
+    return a > 0.0f ? alpha_p * a * a + beta * a : negative_part(a);
+  }
+  __device__ __forceinline__ void value_slope(float a, float& v, float& slope) const {
+    if (a > 0.0f) {
+      v = alpha_p * a * a + beta * a;
+      slope = 2.0f * alpha_p * a + beta;
+    } else {
+      v = negative_part(a);
+      slope = alpha_n * ((a < eps ? expf(a) : 0.0f) - 1.0f) + beta;
+    }
+  }
+};
+
+// swigluoai_and_mul on one (gate a, up b) pair: g = min(a, limit), y = g sigmoid(alpha g) *
+// (clamp(b, -limit, limit) + 1). The derivatives pass where the clamps pass their input
+// (a <= limit; -limit <= b <= limit), as torch.clamp's gradient and the reference do; NaN
+// propagates as std::min / std::clamp do (a NaN input is returned).
+struct SwigluOai {
+  float alpha = 1.702f, limit = 7.0f;
+  __device__ __forceinline__ float gate_in(float a) const { return limit < a ? limit : a; }
+  __device__ __forceinline__ float up(float b) const {
+    return (b < -limit ? -limit : limit < b ? limit : b) + 1.0f;
+  }
+  __device__ __forceinline__ float value(float a, float b) const {
+    return ScaledSilu{alpha}.value(gate_in(a)) * up(b);
+  }
+  // (d y / d a, d y / d b) times g.
+  __device__ __forceinline__ float2 grad(float a, float b, float g) const {
+    float v, slope;
+    ScaledSilu{alpha}.value_slope(gate_in(a), v, slope);
+    const float gate_slope = a <= limit ? slope : 0.0f;
+    const float up_slope = (b >= -limit && b <= limit) ? 1.0f : 0.0f;
+    return make_float2(g * up(b) * gate_slope, g * v * up_slope);
+  }
+};
+
+}  // namespace opforge::cuda::act

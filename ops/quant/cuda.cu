@@ -1,0 +1,306 @@
+// CUDA kernels of quant_fp8 (Note [fp8 quantization] in ops/quant/quant.h): x (f32, f16, bf16) to
+// f8e4m3fn with a per-tensor dynamic, per-token dynamic or static scale.
+//
+// Bit-exact with the reference. Every step is the reference's f32 arithmetic: amax = max |x| by
+// fmaxf (NaN elements ignored, as the reference's `a > amax`; max is exact in any order), s =
+// max(amax / 448, 1 / (448 * 512)), inv = 1 / s and x * inv with IEEE division and multiply (no
+// fast-math: the build does not pass -use_fast_math, so `/` is correctly rounded). The narrowing
+// is the hardware's cvt.rn.satfinite.e4m3x2.f32 (cuda_fp8.h's __nv_cvt_float2_to_fp8x2 with
+// __NV_SATFINITE): round to nearest even, subnormals included, and every |v| >= 448, infinities
+// included, saturates to +-448, as Note [fp8 e4m3]. One difference is patched: the hardware
+// writes a NaN as the canonical 0x7f whatever its sign, while the reference keeps the sign
+// (0xff for a negative NaN), so NaN inputs are mapped to sign | 0x7f after the conversion.
+//
+// Modes and launches (all on ctx.stream, no host synchronization, no allocation after the first
+// call with a larger grid):
+//  - per_tensor, three launches: (1) amax partials, one per block of a grid of at most 8 blocks
+//    per SM, into the per-stream workspace (Note [cuda workspace]); (2) one block reduces the
+//    partials, writes scale[0] = s; (3) the quantize kernel reads s = scale[0] on the device and
+//    computes inv itself. The scale never visits the host.
+//  - static: the quantize kernel reads s = static_scale[0] on the device; its first thread copies
+//    it to scale[0]. (The check validates static_scale's value only when it lives on the host.)
+//  - per_token, one launch: a block per row (grid-stride over rows), block max of |x| over the
+//    row, thread 0 writes scale[row], then the row is read again (from L1/L2) and quantized.
+// Technique: cuda_vec16 reads x as 16-byte packs (8 bf16/f16 or 4 f32) and writes their N bytes
+// of q in one 8- or 4-byte store; it needs 16-byte aligned x rows (base, row stride), q rows
+// aligned to N bytes (base, row stride) and hidden a multiple of N (the predicate says which
+// fails). cuda: one element per step, any layout the check accepts. Launch shape of (1) and (3):
+// 2-D blocks of 256 threads, x over column units of a row (up to 256, a power of two), y over
+// rows, both dimensions looping; int64 offsets (row * row_stride + column).
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/quant/internal.h"
+#include "ops/quant/quant_cuda.h"
+
+namespace opforge {
+namespace cuda::quant {
+namespace {
+
+constexpr float kMinScale = 1.0f / (448.0f * 512.0f);  // kFp8MinScale (internal.h)
+
+template <class T> struct Args {
+  const T* x;
+  uint8_t* q;
+  int64_t x_stride, q_stride;  // row strides in elements (bytes for q)
+  int64_t rows, hidden;
+};
+
+__device__ __forceinline__ float scale_of(float amax) {
+  const float s = amax / 448.0f;
+  return s > kMinScale ? s : kMinScale;
+}
+
+// The reference's NaN byte: x's sign with 0x7f; else the hardware's byte.
+__device__ __forceinline__ uint32_t nan_fix(float v, uint32_t byte) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x7fffffffu) > 0x7f800000u ? (((u >> 24) & 0x80u) | 0x7fu) : byte;
+}
+
+// Two values to two e4m3 bytes: a in the low byte, b in the high byte.
+__device__ __forceinline__ uint32_t to_e4m3x2(float a, float b) {
+  const uint32_t pair =
+      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  return nan_fix(a, pair & 0xffu) | (nan_fix(b, (pair >> 8) & 0xffu) << 8);
+}
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return uint8_t(nan_fix(v, __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)));
+}
+
+// max |x| over this thread's part of one column unit.
+template <class T, bool kVec>
+__device__ __forceinline__ float unit_amax(const T* x, int64_t col, float amax) {
+  if constexpr (kVec) {
+    const Pack<T> p = load_pack(x + col);
+#pragma unroll
+    for (int j = 0; j < Pack<T>::n; ++j) amax = fmaxf(amax, fabsf(to_f32(p.v[j])));
+    return amax;
+  } else {
+    return fmaxf(amax, fabsf(to_f32(x[col])));
+  }
+}
+
+// q = e4m3(x * inv) for one column unit.
+template <class T, bool kVec>
+__device__ __forceinline__ void unit_quant(const T* x, uint8_t* q, int64_t col, float inv) {
+  if constexpr (kVec) {
+    constexpr int N = Pack<T>::n;  // 4 (f32) or 8 (f16, bf16)
+    const Pack<T> p = load_pack(x + col);
+    uint32_t w[N / 4];
+#pragma unroll
+    for (int k = 0; k < N / 4; ++k) {
+      const uint32_t lo = to_e4m3x2(to_f32(p.v[4 * k]) * inv, to_f32(p.v[4 * k + 1]) * inv);
+      const uint32_t hi = to_e4m3x2(to_f32(p.v[4 * k + 2]) * inv, to_f32(p.v[4 * k + 3]) * inv);
+      w[k] = lo | (hi << 16);
+    }
+    if constexpr (N == 8) *reinterpret_cast<uint2*>(q + col) = make_uint2(w[0], w[1]);
+    else *reinterpret_cast<uint32_t*>(q + col) = w[0];
+  } else {
+    q[col] = to_e4m3(to_f32(x[col]) * inv);
+  }
+}
+
+// Max over the block (blockDim.x * blockDim.y threads, a multiple of 32, at most 1024); every
+// thread gets it. `scratch` holds 32 floats; the trailing barrier lets the caller reuse it.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = t & 31, warp = t >> 5, n_warps = (blockDim.x * blockDim.y) >> 5;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : 0.0f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __syncthreads();
+  return v;
+}
+
+// ---- per_tensor (1): amax partials, one per block ------------------------------------------------
+template <class T, bool kVec>
+__global__ void __launch_bounds__(256) amax_partial_kernel(Args<T> a, float* partial) {
+  __shared__ float scratch[32];
+  constexpr int64_t width = kVec ? Pack<T>::n : 1;
+  const int64_t units = a.hidden / width;
+  float amax = 0.0f;
+  const int64_t col_step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < a.rows; row += row_step) {
+    const T* x = a.x + row * a.x_stride;
+    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += col_step)
+      amax = unit_amax<T, kVec>(x, u * width, amax);
+  }
+  amax = block_max(amax, scratch);
+  if (threadIdx.x == 0 && threadIdx.y == 0) partial[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = amax;
+}
+
+// ---- per_tensor (2): one block: scale[0] = s(max of the partials) --------------------------------
+__global__ void __launch_bounds__(256) amax_finish_kernel(const float* partial, int64_t parts,
+                                                          float* scale) {
+  __shared__ float scratch[32];
+  float amax = 0.0f;
+  for (int64_t i = threadIdx.x; i < parts; i += blockDim.x) amax = fmaxf(amax, partial[i]);
+  amax = block_max(amax, scratch);
+  if (threadIdx.x == 0) scale[0] = scale_of(amax);
+}
+
+// ---- per_tensor (3) and static: quantize with s read on the device ------------------------------
+template <class T, bool kVec>
+__global__ void __launch_bounds__(256) quant_kernel(Args<T> a, const float* s_src, float* s_dst) {
+  const float s = *s_src;
+  const bool first = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0;
+  if (s_dst && first) *s_dst = s;
+  const float inv = 1.0f / s;
+  constexpr int64_t width = kVec ? Pack<T>::n : 1;
+  const int64_t units = a.hidden / width;
+  const int64_t col_step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < a.rows; row += row_step) {
+    const T* x = a.x + row * a.x_stride;
+    uint8_t* q = a.q + row * a.q_stride;
+    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += col_step)
+      unit_quant<T, kVec>(x, q, u * width, inv);
+  }
+}
+
+// ---- per_token: a block per row ------------------------------------------------------------------
+template <class T, bool kVec>
+__global__ void __launch_bounds__(256) per_token_kernel(Args<T> a, float* scales,
+                                                        int64_t scale_stride, bool has_ub,
+                                                        float ub) {
+  __shared__ float scratch[32];
+  constexpr int64_t width = kVec ? Pack<T>::n : 1;
+  const int64_t units = a.hidden / width;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // block-uniform
+    const T* x = a.x + row * a.x_stride;
+    float amax = 0.0f;
+    for (int64_t u = threadIdx.x; u < units; u += blockDim.x) amax = unit_amax<T, kVec>(x, u * width, amax);
+    amax = block_max(amax, scratch);
+    if (has_ub && amax > ub) amax = ub;
+    const float s = scale_of(amax);
+    if (threadIdx.x == 0) scales[row * scale_stride] = s;
+    const float inv = 1.0f / s;
+    uint8_t* q = a.q + row * a.q_stride;
+    for (int64_t u = threadIdx.x; u < units; u += blockDim.x) unit_quant<T, kVec>(x, q, u * width, inv);
+  }
+}
+
+// ---- launchers -----------------------------------------------------------------------------------
+int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
+
+// The 2-D shape of (1) and (3): at most `max_blocks` blocks.
+struct Grid2 {
+  dim3 grid, block;
+};
+Grid2 grid2(int64_t units, int64_t rows, int64_t max_blocks) {
+  int bx = 1;
+  while (bx < units && bx < 256) bx *= 2;
+  const int by = 256 / bx;
+  const int64_t gx = std::max<int64_t>(1, std::min((units + bx - 1) / bx, max_blocks));
+  const int64_t gy = std::max<int64_t>(
+      1, std::min({(rows + by - 1) / by, std::max<int64_t>(1, max_blocks / gx), int64_t(65535)}));
+  return {dim3(unsigned(gx), unsigned(gy)), dim3(unsigned(bx), unsigned(by))};
+}
+
+template <class T, bool kVec>
+void launch(const Context& ctx, const Args<T>& a, QuantMode mode, const TensorView& scale,
+            const TensorView& static_scale, double scale_ub) {
+  cudaStream_t stream = stream_of(ctx);
+  const int64_t units = a.hidden / (kVec ? Pack<T>::n : 1);
+  const int64_t max_blocks = int64_t(cuda_device_props(ctx.device.index).sm_count) * 8;
+  float* s_out = scale.ptr<float>();
+  if (mode == QuantMode::per_token) {
+    if (a.rows == 0) return;
+    const int block = int(std::min<int64_t>(256, std::max<int64_t>(32, (units + 31) / 32 * 32)));
+    const int64_t scale_stride = scale.numel() > 1 ? scale.row_stride() : 1;
+    per_token_kernel<T, kVec><<<grid_for(a.rows, 1), block, 0, stream>>>(
+        a, s_out, scale_stride, scale_ub > 0, float(scale_ub));
+    check_launch("quant_fp8 per_token kernel launch");
+    return;
+  }
+  const Grid2 g = grid2(units, a.rows, max_blocks);
+  const float* s_src = s_out;
+  float* s_dst = nullptr;
+  if (mode == QuantMode::per_tensor) {
+    const int64_t parts = a.rows > 0 && units > 0 ? int64_t(g.grid.x) * g.grid.y : 0;
+    float* partial = nullptr;
+    if (parts > 0) {
+      partial = static_cast<float*>(cuda_workspace(ctx, parts * int64_t(sizeof(float))));
+      amax_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(a, partial);
+      check_launch("quant_fp8 amax kernel launch");
+    }
+    amax_finish_kernel<<<1, 256, 0, stream>>>(partial, parts, s_out);  // parts 0: the minimum scale
+    check_launch("quant_fp8 scale kernel launch");
+  } else {
+    s_src = static_scale.ptr<float>();
+    s_dst = s_out;
+  }
+  // Static mode launches even without elements: its first thread copies the scale.
+  if (a.rows == 0 || units == 0) {
+    if (mode != QuantMode::static_scale) return;
+  }
+  quant_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(a, s_src, s_dst);
+  check_launch("quant_fp8 quantize kernel launch");
+}
+
+void run(const Context& ctx, const TensorView& q, const TensorView& scale, const TensorView& x,
+         const TensorView& static_scale, std::string_view mode, double scale_ub, bool vec) {
+  const QuantMode m = parse_quant_mode(QuantFp8::name, mode);
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(x.dtype, QuantFp8::name, [&](auto tag) {
+    using T = decltype(tag);
+    Args<T> a{};
+    a.x = x.ptr<T>(), a.x_stride = row_stride_of(x);
+    a.q = q.ptr<uint8_t>(), a.q_stride = row_stride_of(q);
+    a.rows = x.rows();
+    a.hidden = x.size(-1);
+    if (vec) launch<T, true>(ctx, a, m, scale, static_scale, scale_ub);
+    else launch<T, false>(ctx, a, m, scale, static_scale, scale_ub);
+  });
+}
+
+}  // namespace
+}  // namespace cuda::quant
+
+void quant_fp8_cuda(const Context& ctx, const TensorView& q, const TensorView& scale,
+                    const TensorView& x, const TensorView& static_scale, std::string_view mode,
+                    double scale_ub) {
+  cuda::quant::run(ctx, q, scale, x, static_scale, mode, scale_ub, false);
+}
+const char* quant_fp8_cuda_applicable(const TensorView&, const TensorView&, const TensorView& x,
+                                      const TensorView&, std::string_view, double) {
+  return cuda::is_cuda_float(x.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+void quant_fp8_cuda_vec16(const Context& ctx, const TensorView& q, const TensorView& scale,
+                          const TensorView& x, const TensorView& static_scale,
+                          std::string_view mode, double scale_ub) {
+  cuda::quant::run(ctx, q, scale, x, static_scale, mode, scale_ub, true);
+}
+const char* quant_fp8_cuda_vec16_applicable(const TensorView& q, const TensorView&,
+                                            const TensorView& x, const TensorView&,
+                                            std::string_view, double) {
+  if (!cuda::is_cuda_float(x.dtype)) return cuda::kNotCudaFloat;
+  const int64_t n = 16 / x.itemsize();  // elements of a pack = bytes of q per pack
+  if (const char* why = cuda::pack_rows_problem(x, x.size(-1))) return why;
+  if ((reinterpret_cast<uintptr_t>(q.data) % uintptr_t(n)) != 0)
+    return n == 8 ? "q is not 8-byte aligned" : "q is not 4-byte aligned";
+  if (q.rows() > 1 && q.row_stride() % n != 0)
+    return n == 8 ? "q row stride % 8 != 0" : "q row stride % 4 != 0";
+  return nullptr;
+}
+
+void register_quant_cuda(Registry& reg) {
+  KernelDesc vec = cuda_kernel_desc(
+      "cuda_vec16", 200,
+      "16-byte loads of x, 4/8-byte stores of q, hardware satfinite e4m3 conversion, scale kept "
+      "on the device (bit-exact)",
+      false);
+  KernelDesc scalar = cuda_kernel_desc(
+      "cuda", 100, "any layout: one element per thread-step, same arithmetic (bit-exact)", false);
+  reg.add_kernel<QuantFp8>(std::move(vec), &quant_fp8_cuda_vec16, &quant_fp8_cuda_vec16_applicable);
+  reg.add_kernel<QuantFp8>(std::move(scalar), &quant_fp8_cuda, &quant_fp8_cuda_applicable);
+}
+
+}  // namespace opforge
