@@ -18,6 +18,8 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "embedding",        "embedding_backward",         "attention_decode",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
+    "kl_div",           "kl_div_backward",            "jsd",                "jsd_backward",
+    "tvd",              "tvd_backward",
 };
 
 }  // namespace opforge
