@@ -129,8 +129,11 @@ __global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0)
-    *r.out = r.count_only ? float(counts[0]) : float(r.divide ? sums[0] / (counts[0] * r.divisor_scale) : sums[0]);
+  if (threadIdx.x != 0) return;
+  if (r.count_only) *r.out = float(counts[0]);
+  else if (!r.divide) *r.out = float(sums[0]);
+  else if (counts[0] == 0.0 && r.zero_if_none_kept) *r.out = 0.0f;
+  else *r.out = float(sums[0] / (counts[0] * r.divisor_scale));
 }
 
 __global__ void fill_kernel(float* out, float v) { *out = v; }

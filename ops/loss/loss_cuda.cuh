@@ -34,7 +34,8 @@ inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_
 // no atomics, no host synchronization. A row is kept when `labels` is null or labels[row] !=
 // ignore_index; rows that are not kept must have loss 0 (the kernels write 0 for them).
 //   out = count of kept rows                  (count_only; `losses` may be null)
-//   out = sum / (kept rows * divisor_scale)   (divide; 0 kept rows gives NaN, as 0 / 0)
+//   out = sum / (kept rows * divisor_scale)   (divide; 0 kept rows gives NaN, as 0 / 0, or 0
+//                                              with zero_if_none_kept)
 //   out = sum                                 (otherwise)
 struct RowReduce {
   const float* losses = nullptr;
@@ -44,6 +45,7 @@ struct RowReduce {
   int64_t ignore_index = -100;
   bool divide = false;
   double divisor_scale = 1.0;
+  bool zero_if_none_kept = false;
   bool count_only = false;
   float* out = nullptr;
 };

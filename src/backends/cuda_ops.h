@@ -19,7 +19,8 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
     "kl_div",           "kl_div_backward",            "jsd",                "jsd_backward",
-    "tvd",              "tvd_backward",
+    "tvd",              "tvd_backward",               "fused_linear_cross_entropy",
+    "fused_linear_cross_entropy_backward",
 };
 
 }  // namespace opforge
