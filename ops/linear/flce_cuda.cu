@@ -34,10 +34,12 @@
 // chunk = the most rows for which that total stays within the largest power of two not above
 // tokens x V x s / 8 (1/8 of the logits in the input dtype; a power of two because the backend
 // grows its workspace to the next power of two), rounded down to a multiple of 64, and at least
-// 64 (at most all tokens). So the extra memory of a call stays below 1/8 of the logits whenever
-// 64 rows fit that budget (at V = 128256 in bf16, from about 1,100 tokens on: at 8,192 tokens,
-// chunks of 128 rows in the backward and 192 in the forward, 112 MiB of workspace against 2 GiB
-// of bf16 logits). flce_cuda_last_workspace_bytes() tells a call's figure.
+// 64 (at most all tokens). So the extra memory of a call stays below 1/8 of the logits once 64
+// rows fit under that eighth: at V = 128256 in bf16 from about 2,600 tokens on (backward; 2,100
+// forward); below that the 64-row floor and cuBLASLt's 32 MiB dominate. At 8,192 tokens: chunks
+// of 192 rows forward and 128 backward, about 132 MB of workspace against 263 MB (1/8 of 2.1 GB
+// of bf16 logits). flce_cuda_last_workspace_bytes() tells a call's figure, flce_cuda_plan() the
+// plan of a shape.
 #include <algorithm>
 #include <string_view>
 
@@ -273,6 +275,12 @@ void chunk_cross_entropy(const Call& c, const TensorView& logits, const TensorVi
 using namespace cuda::flce;  // NOLINT
 
 int64_t flce_cuda_last_workspace_bytes() { return last_workspace_bytes; }
+
+FlceCudaPlan flce_cuda_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool backward,
+                            bool reduced_forward) {
+  const Plan p = plan_for(tokens, hidden, vocab, dtype, backward, reduced_forward);
+  return FlceCudaPlan{p.chunk, p.total};
+}
 
 void fused_linear_cross_entropy_cuda(const Context& ctx, const TensorView& loss, const TensorView& hidden,
                                      const TensorView& w, const TensorView& target, const TensorView& b,

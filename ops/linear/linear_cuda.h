@@ -44,6 +44,15 @@ const char* fused_linear_cross_entropy_backward_cuda_applicable(
 // (Note [flce cuda chunks]): the op's extra device memory.
 int64_t flce_cuda_last_workspace_bytes();
 
+// Note [flce cuda chunks]: the token rows of one chunk and the workspace bytes of a call
+// (reduced_forward: a forward with reduction sum or mean).
+struct FlceCudaPlan {
+  int64_t chunk_rows = 0;
+  int64_t workspace_bytes = 0;
+};
+FlceCudaPlan flce_cuda_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool backward,
+                            bool reduced_forward);
+
 // register_linear_cuda registers linear's kernels and calls register_flce_cuda.
 void register_linear_cuda(Registry& reg);
 void register_flce_cuda(Registry& reg);
