@@ -317,7 +317,6 @@ const char* linear_cuda_applicable(const TensorView&, const TensorView& x, const
 }
 
 void register_linear_cuda(Registry& reg) {
-  register_flce_cuda(reg);
   // f32 sums of `in` products in another order than the reference's (as the cpu GEMM).
   auto desc = [](const char* impl, int priority, const char* summary) {
     KernelDesc d = cuda_kernel_desc(impl, priority, summary, false);
@@ -330,6 +329,7 @@ void register_linear_cuda(Registry& reg) {
   reg.add_kernel<Linear>(lt, &linear_cuda_cublaslt, &linear_cuda_cublaslt_applicable);
   reg.add_kernel<Linear>(desc("cuda", 100, "any layout: 64x64 shared-memory tiles, 4x4 per thread, f32 sums"),
                          &linear_cuda, &linear_cuda_applicable);
+  register_flce_cuda(reg);
 }
 
 }  // namespace opforge

@@ -353,7 +353,6 @@ const char* cross_entropy_backward_cuda_vec16_applicable(const TensorView& dlogi
 }
 
 void register_loss_cuda(Registry& reg) {
-  register_divergence_cuda(reg);
   const char* fwd_vec = "16-byte packs, one read per row (online max/sum, softcap on the fly), fixed-order sum";
   const char* fwd = "any layout: one element per thread-step, one read per row, fixed-order sum";
   const char* bwd_vec = "one streaming pass of 16-byte packs from the saved lse, no reduction";
@@ -367,6 +366,7 @@ void register_loss_cuda(Registry& reg) {
                                        &cross_entropy_backward_cuda_vec16_applicable);
   reg.add_kernel<CrossEntropyBackward>(cuda_kernel_desc("cuda", 100, bwd, false), &cross_entropy_backward_cuda,
                                        &cross_entropy_backward_cuda_applicable);
+  register_divergence_cuda(reg);
 }
 
 }  // namespace opforge
