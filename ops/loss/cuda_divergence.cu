@@ -26,6 +26,7 @@
 //    16-bit data). int64 offsets throughout (row * row_stride + unit * width).
 #include <algorithm>
 #include <initializer_list>
+#include <limits>
 #include <string_view>
 #include <type_traits>
 
@@ -46,8 +47,11 @@ PairRed pair_red_of(std::string_view r) {
   return r == "none" ? PairRed::none : r == "sum" ? PairRed::sum : r == "mean" ? PairRed::mean : PairRed::batchmean;
 }
 
+// beta_zero / beta_one: jsd's beta is exactly 0 or 1 (decided on the double, as the reference does:
+// a beta that only rounds to 0 or 1 in f32 takes the general formula).
 struct PairParams {
   float eps, beta;
+  bool beta_zero, beta_one;
 };
 
 // Element loss of (a, b): kl (y_pred, y_true), jsd (input = log Q, target = log P), tvd (p, q).
@@ -57,8 +61,8 @@ template <class T, Pair K> __device__ __forceinline__ float element_loss(float a
   } else if constexpr (K == Pair::kl_log) {
     return exp_of<T>(b) * (b - a);
   } else if constexpr (K == Pair::jsd) {
-    if (o.beta == 0.0f) return exp_of<T>(b) * (b - a);
-    if (o.beta == 1.0f) return exp_of<T>(a) * (a - b);
+    if (o.beta_zero) return exp_of<T>(b) * (b - a);
+    if (o.beta_one) return exp_of<T>(a) * (a - b);
     const float q = exp_of<T>(a), p = exp_of<T>(b);
     const float m = o.beta * p + (1.0f - o.beta) * q;
     return o.beta * p * b + (1.0f - o.beta) * q * a - m * logf(m);
@@ -74,9 +78,9 @@ template <class T, Pair K> __device__ __forceinline__ float element_grad(float a
   } else if constexpr (K == Pair::kl_log) {
     return -exp_of<T>(b);
   } else if constexpr (K == Pair::jsd) {
-    if (o.beta == 0.0f) return -exp_of<T>(b);
+    if (o.beta_zero) return -exp_of<T>(b);
     const float q = exp_of<T>(a);
-    if (o.beta == 1.0f) return q * (a - b) + q;
+    if (o.beta_one) return q * (a - b) + q;
     const float m = o.beta * exp_of<T>(b) + (1.0f - o.beta) * q;
     return (1.0f - o.beta) * q * (a - logf(m));
   } else {
@@ -342,7 +346,12 @@ const char* dloss_problem(const TensorView& dloss, const TensorView& x, PairRed 
   return nullptr;
 }
 
-PairParams params(double eps, double beta) { return PairParams{float(eps), float(beta)}; }
+// eps: a positive eps below f32's range becomes the smallest positive f32, so the clamp still keeps
+// log finite where y_true is 0 (as the reference's double eps does).
+PairParams params(double eps, double beta) {
+  const float eps32 = eps > 0.0 && float(eps) == 0.0f ? std::numeric_limits<float>::denorm_min() : float(eps);
+  return PairParams{eps32, float(beta), beta == 0.0, beta == 1.0};
+}
 
 }  // namespace
 }  // namespace cuda::loss
