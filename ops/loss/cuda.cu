@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) {
   for (int64_t i = begin; i < end; ++i) {
     const bool kept = r.labels == nullptr || r.labels[i * r.labels_stride] != r.ignore_index;
     c += kept ? 1.0 : 0.0;
-    if (!r.count_only) s += double(r.losses[i]);
+    if (!r.count_only)
+      for (int64_t j = 0; j < r.losses_per_row; ++j) s += double(r.losses[i * r.losses_per_row + j]);
   }
   sums[threadIdx.x] = s;
   counts[threadIdx.x] = c;

@@ -8,10 +8,12 @@
 //  - Reduced forward (sum / mean / batchmean, and jsd): the threads of a row (a warp for short
 //    rows, up to 256 for long ones; several rows per 256-thread block, as in ops/loss/cuda.cu)
 //    read both rows once, add the element losses in f32 per thread, and reduce over the row in a
-//    fixed order (row_sum, ops/softmax/row_reduce.cuh). Rows whose label is ignore_index are not
-//    read; their sum is 0. The row sums go to the stream's workspace (Note [cuda workspace]) and
-//    one more one-block launch adds them in f64 in a fixed order and divides by the kept rows
-//    (times V for mean) counted on the device: Note [loss row reduction] (ops/loss/loss_cuda.cuh).
+//    fixed order (row_sum, ops/softmax/row_reduce.cuh). With few rows, each row is cut into
+//    segments (one group of threads each) so that the grid still fills the device. Rows whose
+//    label is ignore_index are not read; their sums are 0. The segment sums go to the stream's
+//    workspace (Note [cuda workspace]) and one more one-block launch adds them in f64 in a fixed
+//    order and divides by the kept rows (times V for mean) counted on the device: Note [loss row
+//    reduction] (ops/loss/loss_cuda.cuh).
 //    No atomics, no host synchronization, deterministic.
 //  - Element-wise forward (reduction none) and every backward: one streaming pass, no reduction:
 //    2-D blocks, x over the row's units, y over rows (grid-stride over rows beyond 65535 blocks).
@@ -116,31 +118,36 @@ template <class T> struct PairArgs {
   double divisor;           // divisor without kept_count; with it, kept_count * divisor
 };
 
-// Reduced forward: `rt` threads per row (a power of two, 32..256), blockDim.x / rt rows per block.
-template <class T, bool kVec, Pair K> __global__ void __launch_bounds__(256) pair_rows_kernel(PairArgs<T> p, int rt) {
+// Reduced forward over segments: row r's units are split into `splits` segments of `seg_units`
+// (the last one shorter); segment v = r * splits + seg is read by `rt` threads (a power of two,
+// 32..256), blockDim.x / rt segments per block, and its sum goes to row_sums[v].
+template <class T, bool kVec, Pair K>
+__global__ void __launch_bounds__(256) pair_rows_kernel(PairArgs<T> p, int rt, int64_t splits, int64_t seg_units) {
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   __shared__ float scratch[32];
-  const int64_t units = p.vocab / W;
-  const int rows_per_block = int(blockDim.x) / rt;
+  const int64_t units = p.vocab / W, segments = p.rows * splits;
+  const int per_block = int(blockDim.x) / rt;
   const int64_t tid = int(threadIdx.x) % rt;
-  const int64_t row_step = int64_t(gridDim.x) * rows_per_block;
+  const int64_t step = int64_t(gridDim.x) * per_block;
   // `base` is the same for every thread of the block, so all of them reach row_sum's barriers.
-  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < p.rows; base += row_step) {
-    const int64_t row = base + int(threadIdx.x) / rt;
-    const bool live = row < p.rows;
+  for (int64_t base = int64_t(blockIdx.x) * per_block; base < segments; base += step) {
+    const int64_t v = base + int(threadIdx.x) / rt;
+    const bool live = v < segments;
+    const int64_t row = live ? v / splits : 0;
+    const int64_t begin = live ? (v % splits) * seg_units : 0, end = min(units, begin + seg_units);
     const bool kept = live && kept_row(p.labels, p.labels_stride, row, p.ignore_index);
-    const T* a = p.a + (live ? row : 0) * p.a_stride;
-    const T* b = p.b + (live ? row : 0) * p.b_stride;
+    const T* a = p.a + row * p.a_stride;
+    const T* b = p.b + row * p.b_stride;
     float s = 0.0f;
-    for (int64_t u = tid; kept && u < units; u += rt) {
+    for (int64_t u = begin + tid; kept && u < end; u += rt) {
       const typename U::Floats x = U::widen(U::load(a + u * W));
       const typename U::Floats y = U::widen(U::load(b + u * W));
 #pragma unroll
       for (int j = 0; j < W; ++j) s += element_loss<T, K>(x.v[j], y.v[j], p.o);
     }
     s = row_sum(s, rt, scratch);
-    if (live && tid == 0) p.row_sums[row] = s;
+    if (live && tid == 0) p.row_sums[v] = s;
   }
 }
 
@@ -262,6 +269,15 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
   });
 }
 
+// Segments per row of the reduced forward: enough (row, segment) pairs for about 8 blocks of 256
+// threads per SM when rows are few (16 tokens x V = 128k would otherwise be 16 blocks), each
+// segment at least kMinSegmentUnits units (4 per thread of a 256-thread row group).
+constexpr int64_t kMinSegmentUnits = 1024;
+int64_t splits_for(int64_t rows, int64_t units, int sm_count) {
+  const int64_t wanted = (int64_t(sm_count) * 8 + rows - 1) / std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(1, std::min(wanted, units / kMinSegmentUnits));
+}
+
 template <bool kVec> void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
   DeviceGuard guard(ctx.device.index);
   if (c.red == PairRed::none) {
@@ -270,30 +286,35 @@ template <bool kVec> void forward(const Context& ctx, const PairCall& c, const T
   }
   const int64_t rows = c.b->size(0), vocab = c.b->size(1);
   cudaStream_t stream = stream_of(ctx);
-  float* row_sums = static_cast<float*>(cuda_workspace(ctx, std::max<int64_t>(rows, 1) * int64_t(sizeof(float))));
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  int64_t splits = 1;
+  dispatch_float(c.b->dtype, c.op, [&](auto tag) {
+    splits = splits_for(rows, vocab / UnitOf<decltype(tag), kVec>::width, props.sm_count);
+  });
+  const int64_t segments = rows * splits;
+  float* sums = static_cast<float*>(cuda_workspace(ctx, std::max<int64_t>(segments, 1) * int64_t(sizeof(float))));
   if (rows > 0) {
-    const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
     dispatch_float(c.b->dtype, c.op, [&](auto tag) {
       using T = decltype(tag);
       PairArgs<T> p = args_of<T>(c);
-      p.row_sums = row_sums;
-      const int64_t units = vocab / UnitOf<T, kVec>::width;
-      int rt = 32;  // a warp per short row, up to 256 threads per long row; several rows per SM
-      while (rt < 256 && int64_t(rt) * 8 < units) rt *= 2;
+      p.row_sums = sums;
+      const int64_t units = vocab / UnitOf<T, kVec>::width, seg_units = (units + splits - 1) / splits;
+      int rt = 32;  // a warp per short segment, up to 256 threads per long one; several per SM
+      while (rt < 256 && int64_t(rt) * 8 < seg_units) rt *= 2;
       const int block = 256;
-      const int64_t rows_per_block = block / rt;
+      const int64_t per_block = block / rt;
       const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
-      const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);
+      const int64_t blocks = std::min<int64_t>((segments + per_block - 1) / per_block, max_blocks);
       dispatch_pair(c.kind, [&](auto kind) {
         constexpr Pair K = decltype(kind)::value;
-        pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt);
+        pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units);
       });
       check_launch(c.op);
     });
   }
   // rows == 0: the reduction sums nothing (0) and divides by 0 kept rows (NaN), as the reference.
   RowReduce r;
-  r.losses = row_sums, r.rows = rows;
+  r.losses = sums, r.losses_per_row = splits, r.rows = rows;
   r.labels = c.labels->defined() ? c.labels->ptr<int64_t>() : nullptr;
   r.labels_stride = c.labels->defined() ? stride0(*c.labels) : 0;
   r.ignore_index = c.ignore_index;

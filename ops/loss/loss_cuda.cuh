@@ -28,9 +28,10 @@ inline int64_t stride0(const TensorView& t) { return t.size(0) > 1 ? t.stride(0)
 // Row stride of a Note [row layout] tensor, 0 when it has at most one row.
 inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
 
-// Note [loss row reduction]: one block of 1024 threads turns `rows` per-row losses (f32, dense)
-// into one value. Each thread adds a contiguous chunk of rows in f64, then a fixed tree over the
-// block adds the partial sums (and the counts of kept rows): the same bits for the same inputs,
+// Note [loss row reduction]: one block of 1024 threads turns `rows` per-row losses (f32, dense;
+// `losses_per_row` consecutive partial sums per row) into one value. Each thread adds a contiguous
+// chunk of rows in f64 (a row's partials in order), then a fixed tree over the block adds the
+// partial sums (and the counts of kept rows): the same bits for the same inputs,
 // no atomics, no host synchronization. A row is kept when `labels` is null or labels[row] !=
 // ignore_index; rows that are not kept must have loss 0 (the kernels write 0 for them).
 //   out = count of kept rows                  (count_only; `losses` may be null)
@@ -39,6 +40,7 @@ inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_
 //   out = sum                                 (otherwise)
 struct RowReduce {
   const float* losses = nullptr;
+  int64_t losses_per_row = 1;
   int64_t rows = 0;
   const int64_t* labels = nullptr;
   int64_t labels_stride = 0;
