@@ -106,7 +106,7 @@ template <class T> struct PairArgs {
   int64_t labels_stride, ignore_index;
   PairParams o;
   // reduced forward
-  float* row_sums;  // [rows], dense
+  float* row_sums;  // [rows x splits] segment sums, dense
   // element-wise forward / backward
   T* out;
   int64_t out_stride;
