@@ -136,6 +136,11 @@ std::vector<Case> flce_family_cases(bool backward) {
   }
   add("64x512_v4096", CaseGroup::medium, {64, 512, 4096, "mean", 0.0, true});
   add("64x512_v4096_ls0.1_none", CaseGroup::medium, {64, 512, 4096, "none", 0.1});
+  // More tokens than one chunk of the CUDA kernels (64 rows at this size, Note [flce cuda
+  // chunks]): several chunks and a short last one.
+  add("200x64_v1000_chunks_ls0.1_bias", CaseGroup::medium,
+      {200, 64, 1000, "mean", 0.1, true, -100, some_ignored});
+  add("200x64_v1000_chunks_none", CaseGroup::medium, {200, 64, 1000, "none", 0.0, false, -100, some_ignored});
   add("t16_h4096_v32000", CaseGroup::large, {16, 4096, 32000});
   add("t64_h4096_v32000", CaseGroup::large, {64, 4096, 32000});
   add("0x16_v5", CaseGroup::edge, {0, 16, 5});

@@ -16,13 +16,14 @@
 //    Note [cublaslt cache]: the cuBLASLt handle is created once per device; the 32 MiB workspace
 //    is the backend's per-(device, stream) buffer (Note [cuda workspace]), allocated on the first
 //    call and reused, so calls on different streams never share one; the algorithm chosen by
-//    the heuristic is cached per (device, dtype, M, N, K, leading dims, bias, alignments), so a
-//    hot call does one mutex-guarded map lookup, stack-initialized descriptors (the *Init
-//    functions, no host allocation) and one cublasLtMatmul on the Context's stream; no host
-//    synchronization and no device allocation after the first call of a shape. The same algorithm
-//    for the same shape gives the same bits run to run (deterministic; not batch invariant: M
-//    picks the algorithm). K = 0 (y = b) and shapes for which the heuristic returns nothing take
-//    the tiled kernel below instead.
+//    the heuristic is cached per (device, dtypes, transposes, M, N, K, leading dims, bias,
+//    alignments), so a hot call does one mutex-guarded map lookup, stack-initialized descriptors
+//    (the *Init functions, no host allocation) and one cublasLtMatmul on the Context's stream; no
+//    host synchronization and no device allocation after the first call of a shape. The same
+//    algorithm for the same shape gives the same bits run to run (deterministic; not batch
+//    invariant: M picks the algorithm). K = 0 (y = b) and shapes for which the heuristic returns
+//    nothing take the tiled kernel below instead. The GEMM (cuda::lt::matmul,
+//    ops/linear/cublaslt.cuh) also serves fused_linear_cross_entropy (ops/linear/flce_cuda.cu).
 //  - cuda (priority 100): any layout. A 64 x 64 output tile per 256-thread block, each thread 4 x 4
 //    outputs, K walked in steps of 16 through shared memory (x and w tiles loaded with scalar
 //    loads, converted to f32 on the way in), f32 accumulation, bias added before the rounding.
@@ -37,6 +38,7 @@
 #include <tuple>
 
 #include "backends/cuda/cuda_launch.cuh"
+#include "ops/linear/cublaslt.cuh"
 #include "ops/linear/linear_cuda.h"
 
 namespace opforge {
@@ -118,7 +120,12 @@ void run_tiled(const Context& ctx, const TensorView& y, const TensorView& x, con
 }
 
 // ---- cuBLASLt ------------------------------------------------------------------------------------
-constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;
+
+}  // namespace
+}  // namespace cuda::linear
+
+namespace cuda::lt {
+namespace {
 
 [[noreturn]] void throw_cublas(const char* what, cublasStatus_t status) {
   throw Error(ErrorCode::backend, std::string(what) + " failed: " + cublasLtGetStatusName(status) +
@@ -128,12 +135,13 @@ void check_lt(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] throw_cublas(what, status);
 }
 
-// Note [cublaslt cache]: handles per device and chosen algorithms per shape.
+// Note [cublaslt cache]: handles per device and chosen algorithms per problem.
 struct LtCache {
   std::mutex mutex;
   std::map<int, cublasLtHandle_t> handles;
-  // (device, dtype, m, n, k, x_ld, w_ld, y_ld, bias, align x, w, y, b) -> algorithm (or none).
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+  // (device, A/B dtype, D dtype, trans a, trans b, m, n, k, lda, ldb, ldd, bias, align a, b, d,
+  // bias) -> algorithm (or none).
+  using Key = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                          uint32_t, uint32_t, uint32_t, uint32_t>;
   std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
 };
@@ -170,40 +178,45 @@ struct LtDescs {
   cublasLtMatrixLayout_t d_desc() { return reinterpret_cast<cublasLtMatrixLayout_t>(&d); }
 };
 
-// Returns false when cuBLASLt has no algorithm for this problem (the caller takes the tiled
-// kernel).
-bool run_cublaslt(const Context& ctx, const TensorView& y, const TensorView& x, const TensorView& w,
-                  const TensorView& b) {
-  const int64_t m = x.rows(), n = w.size(0), k = x.size(-1);
-  const int64_t x_ld = ld_of(x, k), w_ld = ld_of(w, k), y_ld = ld_of(y, n);
-  const int64_t item = x.itemsize();
-  const bool bias = b.defined();
-  const cudaDataType_t type = lt_type(x.dtype);
+}  // namespace
+
+// Row-major D = op(A) op(B) is column-major D^T = op(B)^T op(A)^T, and a row-major [r, c] matrix
+// with row stride ld is the column-major [c, r] matrix with leading dimension ld. So cuBLASLt's
+// first operand is B: for op(B) = B (stored [k, n]) the column-major n x k layout untransposed,
+// for op(B) = B^T (stored [n, k]) the k x n layout transposed; its second operand is A likewise
+// (k x m untransposed, or m x k transposed), and D is the n x m layout. For linear (A = x,
+// B = w transposed) this is the "TN" layout: nothing is copied, padded rows are leading dims.
+bool matmul(const Context& ctx, const Gemm& g, void* workspace) {
+  const int64_t in_item = dtype_size(g.a.dtype), d_item = dtype_size(g.d_dtype);
+  const bool bias = g.bias != nullptr;
 
   LtDescs s;
   check_lt(cublasLtMatmulDescInit(s.op_desc(), CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit");
-  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  const cublasOperation_t trans_a = g.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t trans_b = g.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)),
            "cublasLtMatmulDescSetAttribute(TRANSA)");
   check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)),
            "cublasLtMatmulDescSetAttribute(TRANSB)");
   if (bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const void* bias_ptr = b.data;
+    const void* bias_ptr = g.bias;
     check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
              "cublasLtMatmulDescSetAttribute(EPILOGUE)");
     check_lt(cublasLtMatmulDescSetAttribute(s.op_desc(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
                                             sizeof(bias_ptr)),
              "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
   }
-  check_lt(cublasLtMatrixLayoutInit(s.a_desc(), type, uint64_t(k), uint64_t(n), w_ld), "cublasLtMatrixLayoutInit(w)");
-  check_lt(cublasLtMatrixLayoutInit(s.b_desc(), type, uint64_t(k), uint64_t(m), x_ld), "cublasLtMatrixLayoutInit(x)");
-  check_lt(cublasLtMatrixLayoutInit(s.d_desc(), type, uint64_t(n), uint64_t(m), y_ld), "cublasLtMatrixLayoutInit(y)");
+  const cudaDataType_t in_type = lt_type(g.a.dtype);
+  const uint64_t m = uint64_t(g.m), n = uint64_t(g.n), k = uint64_t(g.k);
+  check_lt(cublasLtMatrixLayoutInit(s.a_desc(), in_type, g.b.trans ? k : n, g.b.trans ? n : k, g.b.ld),
+           "cublasLtMatrixLayoutInit(B operand)");
+  check_lt(cublasLtMatrixLayoutInit(s.b_desc(), in_type, g.a.trans ? m : k, g.a.trans ? k : m, g.a.ld),
+           "cublasLtMatrixLayoutInit(A operand)");
+  check_lt(cublasLtMatrixLayoutInit(s.d_desc(), lt_type(g.d_dtype), n, m, g.ldd), "cublasLtMatrixLayoutInit(D)");
 
-  const uint32_t align_x = alignment_of(x.data, x_ld * item), align_w = alignment_of(w.data, w_ld * item),
-                 align_y = alignment_of(y.data, y_ld * item),
-                 align_b = bias ? alignment_of(b.data, 0) : 256u;
-  void* workspace = cuda_workspace(ctx, kWorkspaceBytes);
+  const uint32_t align_a = alignment_of(g.a.data, g.a.ld * in_item), align_b = alignment_of(g.b.data, g.b.ld * in_item),
+                 align_d = alignment_of(g.d, g.ldd * d_item), align_bias = bias ? alignment_of(g.bias, 0) : 256u;
 
   LtCache& c = lt_cache();
   cublasLtHandle_t handle;
@@ -211,8 +224,8 @@ bool run_cublaslt(const Context& ctx, const TensorView& y, const TensorView& x, 
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     handle = handle_for(c, ctx.device.index);
-    const LtCache::Key key{ctx.device.index, int(x.dtype), m, n, k, x_ld, w_ld, y_ld, bias,
-                           align_x, align_w, align_y, align_b};
+    const LtCache::Key key{ctx.device.index, int(g.a.dtype), int(g.d_dtype), g.a.trans, g.b.trans, g.m, g.n, g.k,
+                           g.a.ld, g.b.ld, g.ldd, bias, align_a, align_b, align_d, align_bias};
     auto it = c.algos.find(key);
     if (it == c.algos.end()) {
       cublasLtMatmulPreferenceOpaque_t pref_storage;
@@ -223,10 +236,10 @@ bool run_cublaslt(const Context& ctx, const TensorView& y, const TensorView& x, 
                                                     sizeof(ws_bytes)),
                "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
       const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>, 4> aligns{{
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_w},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_x},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_y},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_y},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},  // cuBLASLt's A is our B
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d},
       }};
       // Split-K partial sums only in f32 (the compute type): the in-place scheme would add the
       // parts in the output dtype, rounding each one.
@@ -248,12 +261,31 @@ bool run_cublaslt(const Context& ctx, const TensorView& y, const TensorView& x, 
     algo = it->second;
   }
   if (!algo.first) return false;
-  const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublasLtMatmul(handle, s.op_desc(), &alpha, w.data, s.a_desc(), x.data, s.b_desc(), &beta,
-                          y.data, s.d_desc(), y.data, s.d_desc(), &algo.second, workspace,
-                          size_t(kWorkspaceBytes), stream_of(ctx)),
+  const float alpha = 1.0f, beta = g.beta;
+  check_lt(cublasLtMatmul(handle, s.op_desc(), &alpha, g.b.data, s.a_desc(), g.a.data, s.b_desc(), &beta, g.d,
+                          s.d_desc(), g.d, s.d_desc(), &algo.second, workspace, size_t(kWorkspaceBytes),
+                          stream_of(ctx)),
            "cublasLtMatmul");
   return true;
+}
+
+}  // namespace cuda::lt
+
+namespace cuda::linear {
+namespace {
+
+// Returns false when cuBLASLt has no algorithm for this problem (the caller takes the tiled
+// kernel).
+bool run_cublaslt(const Context& ctx, const TensorView& y, const TensorView& x, const TensorView& w,
+                  const TensorView& b) {
+  const int64_t k = x.size(-1);
+  lt::Gemm g;
+  g.m = x.rows(), g.n = w.size(0), g.k = k;
+  g.a = lt::Operand{x.data, x.dtype, ld_of(x, k), false};
+  g.b = lt::Operand{w.data, w.dtype, ld_of(w, k), true};
+  g.d = y.data, g.d_dtype = y.dtype, g.ldd = ld_of(y, g.n);
+  g.bias = b.defined() ? b.data : nullptr;
+  return lt::matmul(ctx, g, cuda_workspace(ctx, lt::kWorkspaceBytes));
 }
 
 }  // namespace
@@ -297,6 +329,7 @@ void register_linear_cuda(Registry& reg) {
   reg.add_kernel<Linear>(lt, &linear_cuda_cublaslt, &linear_cuda_cublaslt_applicable);
   reg.add_kernel<Linear>(desc("cuda", 100, "any layout: 64x64 shared-memory tiles, 4x4 per thread, f32 sums"),
                          &linear_cuda, &linear_cuda_applicable);
+  register_flce_cuda(reg);
 }
 
 }  // namespace opforge

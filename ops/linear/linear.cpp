@@ -115,10 +115,10 @@ Reduction check_flce_inputs(const char* op, const TensorView& hidden, const Tens
   expect_dtype(op, "target", target, DType::i64);
   expect_shape(op, "target", target, Shape{hidden.size(0)});
   expect_same_device(op, "target", target, "hidden", hidden);
-  if (!target.device.is_cpu())
-    throw_argument_error(op, "target", "a cpu tensor (its values are range-checked)", target.str());
+  // Values are range-checked on the host only: reading device targets would synchronize (Note
+  // [flce semantics]: a device target out of range gives that token a NaN loss).
   const int64_t vocab = w.size(0);
-  for (int64_t n = 0; n < target.size(0); ++n) {
+  for (int64_t n = 0; target.device.is_cpu() && n < target.size(0); ++n) {
     const int64_t t = target_at(target, n);
     if (t != ignore_index && (t < 0 || t >= vocab))
       throw_argument_error(op, "target",

@@ -53,7 +53,10 @@ struct LinearBackward {
 //   dloss_n/dz_nv = softmax(z_n)_v - (1 - ls) * [v == t] - ls / V;
 // ignored tokens have loss 0 and gradient 0. reduction: none -> loss[n]; sum -> sum_n loss_n;
 // mean -> sum / (number of tokens not ignored), and 0 (not PyTorch's NaN) when every token is
-// ignored. The kernels evaluate the logits in token chunks (Note [flce chunks], flce_cpu.cpp).
+// ignored. The kernels evaluate the logits in token chunks (Note [flce chunks], flce_cpu.cpp;
+// Note [flce cuda chunks], flce_cuda.cu). Targets are range-checked when they are cpu tensors;
+// reading CUDA targets would synchronize, so there a target outside [0, V) other than
+// ignore_index gives that token a NaN loss and NaN gradients instead (as cross_entropy's).
 struct FusedLinearCrossEntropy {
   static constexpr const char* name = "fused_linear_cross_entropy";
   static constexpr const char* backward = "fused_linear_cross_entropy_backward";

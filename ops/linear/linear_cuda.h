@@ -3,7 +3,11 @@
 //   linear_cuda_cublaslt  cuBLASLt GEMM, bias in the epilogue, f32 accumulation; predicate: dtype
 //                         and a 16-byte aligned bias
 //   linear_cuda           any layout the op's check accepts: a shared-memory tiled GEMM, f32 sums
+//   fused_linear_cross_entropy(_backward)_cuda   below
 #pragma once
+
+#include <cstdint>
+#include <string_view>
 
 #include "ops/linear/linear.h"
 
@@ -18,6 +22,39 @@ void linear_cuda(const Context&, const TensorView& y, const TensorView& x, const
 const char* linear_cuda_applicable(const TensorView& y, const TensorView& x, const TensorView& w,
                                    const TensorView& b);
 
+// fused_linear_cross_entropy and its backward (ops/linear/flce_cuda.cu): token chunks through
+// cuBLASLt and the cross_entropy CUDA kernels; predicate: dtype (f32 / f16 / bf16) only.
+void fused_linear_cross_entropy_cuda(const Context&, const TensorView& loss, const TensorView& hidden,
+                                     const TensorView& w, const TensorView& target, const TensorView& b,
+                                     int64_t ignore_index, double label_smoothing, std::string_view reduction);
+const char* fused_linear_cross_entropy_cuda_applicable(const TensorView& loss, const TensorView& hidden,
+                                                       const TensorView& w, const TensorView& target,
+                                                       const TensorView& b, int64_t ignore_index,
+                                                       double label_smoothing, std::string_view reduction);
+void fused_linear_cross_entropy_backward_cuda(const Context&, const TensorView& dhidden, const TensorView& dw,
+                                              const TensorView& db, const TensorView& dloss,
+                                              const TensorView& hidden, const TensorView& w,
+                                              const TensorView& target, const TensorView& b, int64_t ignore_index,
+                                              double label_smoothing, std::string_view reduction);
+const char* fused_linear_cross_entropy_backward_cuda_applicable(
+    const TensorView& dhidden, const TensorView& dw, const TensorView& db, const TensorView& dloss,
+    const TensorView& hidden, const TensorView& w, const TensorView& target, const TensorView& b,
+    int64_t ignore_index, double label_smoothing, std::string_view reduction);
+// Workspace bytes of the last fused_linear_cross_entropy(_backward)_cuda call on this thread
+// (Note [flce cuda chunks]): the op's extra device memory.
+int64_t flce_cuda_last_workspace_bytes();
+
+// Note [flce cuda chunks]: the token rows of one chunk and the workspace bytes of a call
+// (reduced_forward: a forward with reduction sum or mean).
+struct FlceCudaPlan {
+  int64_t chunk_rows = 0;
+  int64_t workspace_bytes = 0;
+};
+FlceCudaPlan flce_cuda_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool backward,
+                            bool reduced_forward);
+
+// register_linear_cuda registers linear's kernels and calls register_flce_cuda.
 void register_linear_cuda(Registry& reg);
+void register_flce_cuda(Registry& reg);
 
 }  // namespace opforge

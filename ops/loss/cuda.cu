@@ -28,6 +28,7 @@
 #include <string_view>
 
 #include "backends/cuda/cuda_launch.cuh"
+#include "ops/loss/loss_cuda.cuh"
 #include "ops/loss/loss_cuda.h"
 #include "ops/softmax/row_reduce.cuh"
 
@@ -39,15 +40,6 @@ using namespace cuda::rows;  // NOLINT: UnitOf, Stats, row_stats, row_sum
 
 enum class Red { none, sum, mean };
 Red red_of(std::string_view r) { return r == "none" ? Red::none : r == "sum" ? Red::sum : Red::mean; }
-
-__device__ __forceinline__ float load_float(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::f64: return float(static_cast<const double*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
 
 struct Options {
   int64_t ignore_index;
@@ -114,21 +106,19 @@ __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) 
   }
 }
 
-// One block: out = sum of the kept rows' losses (mean: divided by their count); `count_only`
-// writes the count alone (the backward's mean). Each thread adds a contiguous chunk in f64, then a
-// fixed tree over the block: the same bits for the same inputs.
-__global__ void __launch_bounds__(1024) reduce_kernel(const float* losses, int64_t rows, const int64_t* target,
-                                                      int64_t target_stride, int64_t ignore_index, bool mean,
-                                                      bool count_only, float* out) {
+// Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
+// divisor_scale 1 (mean divides by the kept rows), count_only for the backward's mean.
+__global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) {
   __shared__ double sums[1024];
   __shared__ double counts[1024];
-  const int64_t chunk = (rows + blockDim.x - 1) / blockDim.x;
-  const int64_t begin = int64_t(threadIdx.x) * chunk, end = min(rows, begin + chunk);
+  const int64_t chunk = (r.rows + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = int64_t(threadIdx.x) * chunk, end = min(r.rows, begin + chunk);
   double s = 0, c = 0;
   for (int64_t i = begin; i < end; ++i) {
-    const bool kept = target[i * target_stride] != ignore_index;
+    const bool kept = r.labels == nullptr || r.labels[i * r.labels_stride] != r.ignore_index;
     c += kept ? 1.0 : 0.0;
-    if (!count_only) s += double(losses[i]);
+    if (!r.count_only)
+      for (int64_t j = 0; j < r.losses_per_row; ++j) s += double(r.losses[i * r.losses_per_row + j]);
   }
   sums[threadIdx.x] = s;
   counts[threadIdx.x] = c;
@@ -140,7 +130,11 @@ __global__ void __launch_bounds__(1024) reduce_kernel(const float* losses, int64
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) *out = count_only ? float(counts[0]) : float(mean ? sums[0] / counts[0] : sums[0]);
+  if (threadIdx.x != 0) return;
+  if (r.count_only) *r.out = float(counts[0]);
+  else if (!r.divide) *r.out = float(sums[0]);
+  else if (counts[0] == 0.0 && r.zero_if_none_kept) *r.out = 0.0f;
+  else *r.out = float(sums[0] / (counts[0] * r.divisor_scale));
 }
 
 __global__ void fill_kernel(float* out, float v) { *out = v; }
@@ -205,9 +199,6 @@ __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
   }
 }
 
-int64_t stride0(const TensorView& t) { return t.size(0) > 1 ? t.stride(0) : 0; }
-int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
-
 Options options_of(int64_t ignore_index, double smoothing, double z_scale, double softcap) {
   return Options{ignore_index, float(smoothing), float(z_scale), float(softcap)};
 }
@@ -248,9 +239,10 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     check_launch("cross_entropy kernel launch");
   });
   if (red != Red::none) {
-    reduce_kernel<<<1, 1024, 0, stream>>>(per_row, rows, target.ptr<int64_t>(), stride0(target), o.ignore_index,
-                                          red == Red::mean, false, loss.ptr<float>());
-    check_launch("cross_entropy reduction launch");
+    RowReduce r;
+    r.losses = per_row, r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
+    r.ignore_index = o.ignore_index, r.divide = red == Red::mean, r.out = loss.ptr<float>();
+    launch_row_reduce(stream, r, "cross_entropy reduction launch");
   }
 }
 
@@ -264,9 +256,10 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
   const float* kept = nullptr;
   if (red == Red::mean) {
     float* count = static_cast<float*>(cuda_workspace(ctx, sizeof(float)));
-    reduce_kernel<<<1, 1024, 0, stream>>>(nullptr, rows, target.ptr<int64_t>(), stride0(target), o.ignore_index,
-                                          true, true, count);
-    check_launch("cross_entropy_backward count launch");
+    RowReduce r;
+    r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
+    r.ignore_index = o.ignore_index, r.divide = true, r.count_only = true, r.out = count;
+    launch_row_reduce(stream, r, "cross_entropy_backward count launch");
     kept = count;
   }
   dispatch_float(logits.dtype, "cross_entropy_backward", [&](auto tag) {
@@ -291,9 +284,13 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
   });
 }
 
-bool float_like(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
-
 }  // namespace
+
+void launch_row_reduce(cudaStream_t stream, const RowReduce& r, const char* what) {
+  reduce_kernel<<<1, 1024, 0, stream>>>(r);
+  check_launch(what);
+}
+
 }  // namespace cuda::loss
 
 using namespace cuda::loss;  // NOLINT
@@ -370,6 +367,7 @@ void register_loss_cuda(Registry& reg) {
                                        &cross_entropy_backward_cuda_vec16_applicable);
   reg.add_kernel<CrossEntropyBackward>(cuda_kernel_desc("cuda", 100, bwd, false), &cross_entropy_backward_cuda,
                                        &cross_entropy_backward_cuda_applicable);
+  register_divergence_cuda(reg);
 }
 
 }  // namespace opforge

@@ -23,6 +23,9 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "quick_gelu",       "quick_gelu_backward",        "relu2",              "relu2_backward",
     "xielu",            "xielu_backward",             "swigluoai_and_mul",  "swigluoai_and_mul_backward",
     "quant_fp8",
+    "kl_div",           "kl_div_backward",            "jsd",                "jsd_backward",
+    "tvd",              "tvd_backward",               "fused_linear_cross_entropy",
+    "fused_linear_cross_entropy_backward",
 };
 
 }  // namespace opforge

@@ -1,0 +1,577 @@
+// CUDA kernels of kl_div, jsd, tvd and their backward ops (math: the ops' docs, ops/loss/loss.h).
+//
+// Assumes: [N, V] inputs with Note [row layout] rows (any uniform row stride), f32 / f16 / bf16
+// (f64 goes to the reference), labels int64 [N] with any stride, the op's check has run.
+//
+// Technique. Every op here is memory-bound: an element loss of two inputs (a, b) = (y_pred,
+// y_true), (input, target) or (p, q), with at most one exp and one log per element.
+//  - Reduced forward (sum / mean / batchmean, and jsd): the threads of a row (a warp for short
+//    rows, up to 256 for long ones; several rows per 256-thread block, as in ops/loss/cuda.cu)
+//    read both rows once, add the element losses in f32 per thread, and reduce over the row in a
+//    fixed order (row_sum, ops/softmax/row_reduce.cuh). With few rows, each row is cut into
+//    segments (one group of threads each) so that the grid still fills the device. Rows whose
+//    label is ignore_index are not read; their sums are 0. The segment sums go to the stream's
+//    workspace (Note [cuda workspace]) and one more one-block launch adds them in f64 in a fixed
+//    order and divides by the kept rows (times V for mean) counted on the device: Note [loss row
+//    reduction] (ops/loss/loss_cuda.cuh).
+//    No atomics, no host synchronization, deterministic.
+//  - Element-wise forward (reduction none) and every backward: one streaming pass, no reduction:
+//    2-D blocks, x over the row's units, y over rows (grid-stride over rows beyond 65535 blocks).
+//    The upstream gradient is either element-wise (dloss [N, V], none) or one scalar dloss[0]
+//    divided by the reduction's divisor; when that divisor counts kept rows (labels), a one-block
+//    launch first counts them into the workspace. Ignored rows get 0.
+//  - cuda_vec16 (priority 200): units are 16-byte packs (4 f32 or 8 f16 / bf16: one LDG.128 per
+//    input); the predicate asks 16-byte aligned bases, V and row strides multiples of the pack for
+//    every [N, V] tensor the kernel touches. cuda (priority 100): units are single elements,
+//    coalesced across the threads of a row, any layout the check accepts (odd V, padded rows).
+//  - All math in f32: accurate logf; exp per Note [element exp] (expf for f32 data, __expf for
+//    16-bit data). int64 offsets throughout (row * row_stride + unit * width).
+#include <algorithm>
+#include <initializer_list>
+#include <limits>
+#include <string_view>
+#include <type_traits>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/loss/loss_cuda.cuh"
+#include "ops/loss/loss_cuda.h"
+#include "ops/softmax/row_reduce.cuh"
+
+namespace opforge {
+namespace cuda::loss {
+namespace {
+
+using namespace cuda::rows;  // NOLINT: UnitOf, row_sum, exp_of
+
+enum class Pair { kl, kl_log, jsd, tvd };
+enum class PairRed { none, sum, mean, batchmean };
+PairRed pair_red_of(std::string_view r) {
+  return r == "none" ? PairRed::none : r == "sum" ? PairRed::sum : r == "mean" ? PairRed::mean : PairRed::batchmean;
+}
+
+// beta_zero / beta_one: jsd's beta is exactly 0 or 1 (decided on the double, as the reference does:
+// a beta that only rounds to 0 or 1 in f32 takes the general formula).
+struct PairParams {
+  float eps, beta;
+  bool beta_zero, beta_one;
+};
+
+// Element loss of (a, b): kl (y_pred, y_true), jsd (input = log Q, target = log P), tvd (p, q).
+template <class T, Pair K> __device__ __forceinline__ float element_loss(float a, float b, const PairParams& o) {
+  if constexpr (K == Pair::kl) {
+    return b * (logf(fmaxf(b, o.eps)) - a);
+  } else if constexpr (K == Pair::kl_log) {
+    return exp_of<T>(b) * (b - a);
+  } else if constexpr (K == Pair::jsd) {
+    if (o.beta_zero) return exp_of<T>(b) * (b - a);
+    if (o.beta_one) return exp_of<T>(a) * (a - b);
+    const float q = exp_of<T>(a), p = exp_of<T>(b);
+    const float m = o.beta * p + (1.0f - o.beta) * q;
+    return o.beta * p * b + (1.0f - o.beta) * q * a - m * logf(m);
+  } else {
+    return 0.5f * fabsf(a - b);
+  }
+}
+
+// d(element loss)/da. kl reads only b (y_true).
+template <class T, Pair K> __device__ __forceinline__ float element_grad(float a, float b, const PairParams& o) {
+  if constexpr (K == Pair::kl) {
+    return -b;
+  } else if constexpr (K == Pair::kl_log) {
+    return -exp_of<T>(b);
+  } else if constexpr (K == Pair::jsd) {
+    if (o.beta_zero) return -exp_of<T>(b);
+    const float q = exp_of<T>(a);
+    if (o.beta_one) return q * (a - b) + q;
+    const float m = o.beta * exp_of<T>(b) + (1.0f - o.beta) * q;
+    return (1.0f - o.beta) * q * (a - logf(m));
+  } else {
+    return a > b ? 0.5f : -0.5f;
+  }
+}
+
+template <Pair K> constexpr bool reads_a_in_backward = !(K == Pair::kl || K == Pair::kl_log);
+
+__device__ __forceinline__ bool kept_row(const int64_t* labels, int64_t stride, int64_t row, int64_t ignore_index) {
+  return labels == nullptr || labels[row * stride] != ignore_index;
+}
+
+template <class T> struct PairArgs {
+  const T* a;  // null for the kl backward (not read)
+  int64_t a_stride;
+  const T* b;
+  int64_t b_stride;
+  int64_t rows, vocab;
+  const int64_t* labels;  // null: every row kept
+  int64_t labels_stride, ignore_index;
+  PairParams o;
+  // reduced forward
+  float* row_sums;  // [rows x splits] segment sums, dense
+  // element-wise forward / backward
+  T* out;
+  int64_t out_stride;
+  const T* dloss;  // element-wise upstream gradient [N, V] (none), else null
+  int64_t dloss_stride;
+  const void* dloss_scalar;  // dloss[0] of a reduced loss (backward), else null
+  DType dloss_dtype;
+  const float* kept_count;  // device count of kept rows (labels and a divisor that counts them)
+  double divisor;           // divisor without kept_count; with it, kept_count * divisor
+};
+
+// Reduced forward over segments: row r's units are split into `splits` segments of `seg_units`
+// (the last one shorter); segment v = r * splits + seg is read by `rt` threads (a power of two,
+// 32..256), blockDim.x / rt segments per block, and its sum goes to row_sums[v].
+template <class T, bool kVec, Pair K>
+__global__ void __launch_bounds__(256) pair_rows_kernel(PairArgs<T> p, int rt, int64_t splits, int64_t seg_units) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  __shared__ float scratch[32];
+  const int64_t units = p.vocab / W, segments = p.rows * splits;
+  const int per_block = int(blockDim.x) / rt;
+  const int64_t tid = int(threadIdx.x) % rt;
+  const int64_t step = int64_t(gridDim.x) * per_block;
+  // `base` is the same for every thread of the block, so all of them reach row_sum's barriers.
+  for (int64_t base = int64_t(blockIdx.x) * per_block; base < segments; base += step) {
+    const int64_t v = base + int(threadIdx.x) / rt;
+    const bool live = v < segments;
+    const int64_t row = live ? v / splits : 0;
+    const int64_t begin = live ? (v % splits) * seg_units : 0, end = min(units, begin + seg_units);
+    const bool kept = live && kept_row(p.labels, p.labels_stride, row, p.ignore_index);
+    const T* a = p.a + row * p.a_stride;
+    const T* b = p.b + row * p.b_stride;
+    float s = 0.0f;
+    for (int64_t u = begin + tid; kept && u < end; u += rt) {
+      const typename U::Floats x = U::widen(U::load(a + u * W));
+      const typename U::Floats y = U::widen(U::load(b + u * W));
+#pragma unroll
+      for (int j = 0; j < W; ++j) s += element_loss<T, K>(x.v[j], y.v[j], p.o);
+    }
+    s = row_sum(s, rt, scratch);
+    if (live && tid == 0) p.row_sums[v] = s;
+  }
+}
+
+// Element-wise forward (none) or backward: x over units of a row, y over rows.
+template <class T, bool kVec, Pair K, bool kBackward>
+__global__ void __launch_bounds__(256) pair_elements_kernel(PairArgs<T> p) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  const int64_t units = p.vocab / W;
+  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= units) return;  // no barriers below
+  float g = 1.0f;          // the scalar upstream gradient of a reduced loss
+  if (kBackward && p.dloss == nullptr) {
+    const double divisor = p.kept_count ? double(*p.kept_count) * p.divisor : p.divisor;
+    g = float(double(load_float(p.dloss_scalar, p.dloss_dtype, 0)) / divisor);
+  }
+  const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step) {
+    T* out = p.out + row * p.out_stride + u * W;
+    typename U::Floats d;
+    if (!kept_row(p.labels, p.labels_stride, row, p.ignore_index)) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = 0.0f;
+      U::store(out, d);
+      continue;
+    }
+    const typename U::Floats y = U::widen(U::load(p.b + row * p.b_stride + u * W));
+    typename U::Floats x;
+    if (!kBackward || reads_a_in_backward<K>) {
+      x = U::widen(U::load(p.a + row * p.a_stride + u * W));
+    } else {
+#pragma unroll
+      for (int j = 0; j < W; ++j) x.v[j] = 0.0f;
+    }
+    if constexpr (kBackward) {
+      typename U::Floats ge;
+      if (p.dloss != nullptr) {
+        ge = U::widen(U::load(p.dloss + row * p.dloss_stride + u * W));
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) ge.v[j] = g;
+      }
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = ge.v[j] * element_grad<T, K>(x.v[j], y.v[j], p.o);
+    } else {
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = element_loss<T, K>(x.v[j], y.v[j], p.o);
+    }
+    U::store(out, d);
+  }
+}
+
+// ---- launches ------------------------------------------------------------------------------------
+
+// What a call of one op asks: tensors as views, the reduction, and which divisor it uses.
+struct PairCall {
+  const char* op;
+  Pair kind;
+  PairRed red;
+  const TensorView* a;  // may be undefined (kl backward)
+  const TensorView* b;
+  const TensorView* labels;  // may be undefined
+  int64_t ignore_index;
+  PairParams o;
+};
+
+template <class T> PairArgs<T> args_of(const PairCall& c) {
+  PairArgs<T> p{};
+  p.a = c.a->defined() ? c.a->ptr<T>() : nullptr, p.a_stride = c.a->defined() ? row_stride_of(*c.a) : 0;
+  p.b = c.b->ptr<T>(), p.b_stride = row_stride_of(*c.b);
+  p.rows = c.b->size(0), p.vocab = c.b->size(1);
+  p.labels = c.labels->defined() ? c.labels->ptr<int64_t>() : nullptr;
+  p.labels_stride = c.labels->defined() ? stride0(*c.labels) : 0;
+  p.ignore_index = c.ignore_index;
+  p.o = c.o;
+  return p;
+}
+
+// Calls f(std::integral_constant-like tag) for the op's kind as a template argument.
+template <class F> void dispatch_pair(Pair kind, F&& f) {
+  switch (kind) {
+    case Pair::kl: f(std::integral_constant<Pair, Pair::kl>{}); return;
+    case Pair::kl_log: f(std::integral_constant<Pair, Pair::kl_log>{}); return;
+    case Pair::jsd: f(std::integral_constant<Pair, Pair::jsd>{}); return;
+    default: f(std::integral_constant<Pair, Pair::tvd>{}); return;
+  }
+}
+
+// The row-divisor multiplier of a reduction: mean divides by rows x V, batchmean (and jsd) by rows.
+double vocab_factor(PairRed red, int64_t vocab) { return red == PairRed::mean ? double(vocab) : 1.0; }
+
+template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c, bool backward, const TensorView& out,
+                                          const TensorView& dloss, const float* kept_count, double divisor) {
+  const int64_t rows = c.b->size(0), vocab = c.b->size(1);
+  dispatch_float(c.b->dtype, c.op, [&](auto tag) {
+    using T = decltype(tag);
+    PairArgs<T> p = args_of<T>(c);
+    p.out = out.ptr<T>(), p.out_stride = row_stride_of(out);
+    if (backward && c.red == PairRed::none) {
+      p.dloss = dloss.ptr<T>(), p.dloss_stride = row_stride_of(dloss);
+    } else if (backward) {
+      p.dloss_scalar = dloss.data, p.dloss_dtype = dloss.dtype;
+      p.kept_count = kept_count, p.divisor = divisor;
+    }
+    const int64_t units = vocab / UnitOf<T, kVec>::width;
+    if (rows == 0 || units == 0) return;
+    int bx = 1;
+    while (bx < units && bx < 256) bx *= 2;
+    const int by = 256 / bx;
+    const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
+    const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
+    cudaStream_t stream = stream_of(ctx);
+    dispatch_pair(c.kind, [&](auto kind) {
+      constexpr Pair K = decltype(kind)::value;
+      if (backward) pair_elements_kernel<T, kVec, K, true><<<grid, dim3(bx, by), 0, stream>>>(p);
+      else pair_elements_kernel<T, kVec, K, false><<<grid, dim3(bx, by), 0, stream>>>(p);
+    });
+    check_launch(c.op);
+  });
+}
+
+// Segments per row of the reduced forward: enough (row, segment) pairs for about 8 blocks of 256
+// threads per SM when rows are few (16 tokens x V = 128k would otherwise be 16 blocks), each
+// segment at least kMinSegmentUnits units (4 per thread of a 256-thread row group).
+constexpr int64_t kMinSegmentUnits = 1024;
+int64_t splits_for(int64_t rows, int64_t units, int sm_count) {
+  const int64_t wanted = (int64_t(sm_count) * 8 + rows - 1) / std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(1, std::min(wanted, units / kMinSegmentUnits));
+}
+
+template <bool kVec> void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
+  DeviceGuard guard(ctx.device.index);
+  if (c.red == PairRed::none) {
+    launch_elements<kVec>(ctx, c, false, loss, TensorView{}, nullptr, 1.0);
+    return;
+  }
+  const int64_t rows = c.b->size(0), vocab = c.b->size(1);
+  cudaStream_t stream = stream_of(ctx);
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  int64_t splits = 1;
+  dispatch_float(c.b->dtype, c.op, [&](auto tag) {
+    splits = splits_for(rows, vocab / UnitOf<decltype(tag), kVec>::width, props.sm_count);
+  });
+  const int64_t segments = rows * splits;
+  float* sums = static_cast<float*>(cuda_workspace(ctx, std::max<int64_t>(segments, 1) * int64_t(sizeof(float))));
+  if (rows > 0) {
+    dispatch_float(c.b->dtype, c.op, [&](auto tag) {
+      using T = decltype(tag);
+      PairArgs<T> p = args_of<T>(c);
+      p.row_sums = sums;
+      const int64_t units = vocab / UnitOf<T, kVec>::width, seg_units = (units + splits - 1) / splits;
+      int rt = 32;  // a warp per short segment, up to 256 threads per long one; several per SM
+      while (rt < 256 && int64_t(rt) * 8 < seg_units) rt *= 2;
+      const int block = 256;
+      const int64_t per_block = block / rt;
+      const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
+      const int64_t blocks = std::min<int64_t>((segments + per_block - 1) / per_block, max_blocks);
+      dispatch_pair(c.kind, [&](auto kind) {
+        constexpr Pair K = decltype(kind)::value;
+        pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units);
+      });
+      check_launch(c.op);
+    });
+  }
+  // rows == 0: the reduction sums nothing (0) and divides by 0 kept rows (NaN), as the reference.
+  RowReduce r;
+  r.losses = sums, r.losses_per_row = splits, r.rows = rows;
+  r.labels = c.labels->defined() ? c.labels->ptr<int64_t>() : nullptr;
+  r.labels_stride = c.labels->defined() ? stride0(*c.labels) : 0;
+  r.ignore_index = c.ignore_index;
+  r.divide = c.red != PairRed::sum, r.divisor_scale = vocab_factor(c.red, vocab);
+  r.out = loss.ptr<float>();
+  launch_row_reduce(stream, r, c.op);
+}
+
+template <bool kVec> void backward(const Context& ctx, const PairCall& c, const TensorView& grad,
+                                   const TensorView& dloss) {
+  const int64_t rows = c.b->size(0), vocab = c.b->size(1);
+  if (rows == 0 || vocab == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  const float* kept_count = nullptr;
+  double divisor = 1.0;
+  if (c.red != PairRed::none && c.red != PairRed::sum) {
+    divisor = vocab_factor(c.red, vocab);
+    if (c.labels->defined()) {
+      float* count = static_cast<float*>(cuda_workspace(ctx, sizeof(float)));
+      RowReduce r;
+      r.rows = rows, r.labels = c.labels->ptr<int64_t>(), r.labels_stride = stride0(*c.labels);
+      r.ignore_index = c.ignore_index, r.count_only = true, r.out = count;
+      launch_row_reduce(stream_of(ctx), r, c.op);
+      kept_count = count;
+    } else {
+      divisor *= double(rows);
+    }
+  }
+  launch_elements<kVec>(ctx, c, true, grad, dloss, kept_count, divisor);
+}
+
+// ---- predicates -----------------------------------------------------------------------------------
+
+// The [N, V] tensors of a call that the vec16 kernels read or write as packs.
+const char* packs_problem(std::initializer_list<const TensorView*> ts) {
+  for (const TensorView* t : ts)
+    if (t->defined())
+      if (const char* why = pack_rows_problem(*t, t->size(1))) return why;
+  return nullptr;
+}
+
+const char* reduced_loss_problem(const TensorView& loss, const TensorView& x, PairRed red) {
+  if (!is_cuda_float(x.dtype)) return kNotCudaFloat;
+  if (red != PairRed::none && loss.dtype != DType::f32) return "the reduced loss is not f32";
+  return nullptr;
+}
+const char* dloss_problem(const TensorView& dloss, const TensorView& x, PairRed red) {
+  if (!is_cuda_float(x.dtype)) return kNotCudaFloat;
+  if (red != PairRed::none && !float_like(dloss.dtype)) return "dloss is not f64, f32, f16 or bf16";
+  return nullptr;
+}
+
+// eps: a positive eps below f32's range becomes the smallest positive f32, so the clamp still keeps
+// log finite where y_true is 0 (as the reference's double eps does).
+PairParams params(double eps, double beta) {
+  const float eps32 = eps > 0.0 && float(eps) == 0.0f ? std::numeric_limits<float>::denorm_min() : float(eps);
+  return PairParams{eps32, float(beta), beta == 0.0, beta == 1.0};
+}
+
+}  // namespace
+}  // namespace cuda::loss
+
+using namespace cuda::loss;  // NOLINT
+
+namespace {
+
+template <bool kVec> void kl_div_fwd(const Context& ctx, const TensorView& loss, const TensorView& y_pred,
+                                     const TensorView& y_true, bool log_target, std::string_view reduction,
+                                     double eps) {
+  const TensorView none;
+  const PairCall c{KlDiv::name, log_target ? Pair::kl_log : Pair::kl, pair_red_of(reduction), &y_pred, &y_true,
+                   &none, 0, params(eps, 0)};
+  forward<kVec>(ctx, c, loss);
+}
+template <bool kVec> void kl_div_bwd(const Context& ctx, const TensorView& dy_pred, const TensorView& dloss,
+                                     const TensorView& y_true, bool log_target, std::string_view reduction,
+                                     double eps) {
+  const TensorView none;
+  const PairCall c{KlDivBackward::name, log_target ? Pair::kl_log : Pair::kl, pair_red_of(reduction), &none,
+                   &y_true, &none, 0, params(eps, 0)};
+  backward<kVec>(ctx, c, dy_pred, dloss);
+}
+template <bool kVec> void jsd_fwd(const Context& ctx, const TensorView& loss, const TensorView& input,
+                                  const TensorView& target, const TensorView& labels, double beta,
+                                  int64_t ignore_index) {
+  const PairCall c{Jsd::name, Pair::jsd, PairRed::batchmean, &input, &target, &labels, ignore_index, params(0, beta)};
+  forward<kVec>(ctx, c, loss);
+}
+template <bool kVec> void jsd_bwd(const Context& ctx, const TensorView& dinput, const TensorView& dloss,
+                                  const TensorView& input, const TensorView& target, const TensorView& labels,
+                                  double beta, int64_t ignore_index) {
+  const PairCall c{JsdBackward::name, Pair::jsd, PairRed::batchmean, &input, &target, &labels, ignore_index,
+                   params(0, beta)};
+  backward<kVec>(ctx, c, dinput, dloss);
+}
+template <bool kVec> void tvd_fwd(const Context& ctx, const TensorView& loss, const TensorView& p,
+                                  const TensorView& q, const TensorView& labels, std::string_view reduction,
+                                  int64_t ignore_index) {
+  const PairCall c{Tvd::name, Pair::tvd, pair_red_of(reduction), &p, &q, &labels, ignore_index, params(0, 0)};
+  forward<kVec>(ctx, c, loss);
+}
+template <bool kVec> void tvd_bwd(const Context& ctx, const TensorView& dp, const TensorView& dloss,
+                                  const TensorView& p, const TensorView& q, const TensorView& labels,
+                                  std::string_view reduction, int64_t ignore_index) {
+  const PairCall c{TvdBackward::name, Pair::tvd, pair_red_of(reduction), &p, &q, &labels, ignore_index,
+                   params(0, 0)};
+  backward<kVec>(ctx, c, dp, dloss);
+}
+
+}  // namespace
+
+// ---- kl_div ---------------------------------------------------------------------------------------
+void kl_div_cuda(const Context& ctx, const TensorView& loss, const TensorView& y_pred, const TensorView& y_true,
+                 bool log_target, std::string_view reduction, double eps) {
+  kl_div_fwd<false>(ctx, loss, y_pred, y_true, log_target, reduction, eps);
+}
+void kl_div_cuda_vec16(const Context& ctx, const TensorView& loss, const TensorView& y_pred,
+                       const TensorView& y_true, bool log_target, std::string_view reduction, double eps) {
+  kl_div_fwd<true>(ctx, loss, y_pred, y_true, log_target, reduction, eps);
+}
+const char* kl_div_cuda_applicable(const TensorView& loss, const TensorView& y_pred, const TensorView&, bool,
+                                   std::string_view reduction, double) {
+  return reduced_loss_problem(loss, y_pred, pair_red_of(reduction));
+}
+const char* kl_div_cuda_vec16_applicable(const TensorView& loss, const TensorView& y_pred, const TensorView& y_true,
+                                         bool log_target, std::string_view reduction, double eps) {
+  if (const char* why = kl_div_cuda_applicable(loss, y_pred, y_true, log_target, reduction, eps)) return why;
+  const bool none = pair_red_of(reduction) == PairRed::none;
+  return packs_problem({&y_pred, &y_true, none ? &loss : &y_pred});
+}
+
+void kl_div_backward_cuda(const Context& ctx, const TensorView& dy_pred, const TensorView& dloss,
+                          const TensorView& y_true, bool log_target, std::string_view reduction, double eps) {
+  kl_div_bwd<false>(ctx, dy_pred, dloss, y_true, log_target, reduction, eps);
+}
+void kl_div_backward_cuda_vec16(const Context& ctx, const TensorView& dy_pred, const TensorView& dloss,
+                                const TensorView& y_true, bool log_target, std::string_view reduction,
+                                double eps) {
+  kl_div_bwd<true>(ctx, dy_pred, dloss, y_true, log_target, reduction, eps);
+}
+const char* kl_div_backward_cuda_applicable(const TensorView&, const TensorView& dloss, const TensorView& y_true,
+                                            bool, std::string_view reduction, double) {
+  return dloss_problem(dloss, y_true, pair_red_of(reduction));
+}
+const char* kl_div_backward_cuda_vec16_applicable(const TensorView& dy_pred, const TensorView& dloss,
+                                                  const TensorView& y_true, bool log_target,
+                                                  std::string_view reduction, double eps) {
+  if (const char* why = kl_div_backward_cuda_applicable(dy_pred, dloss, y_true, log_target, reduction, eps))
+    return why;
+  const bool none = pair_red_of(reduction) == PairRed::none;
+  return packs_problem({&dy_pred, &y_true, none ? &dloss : &y_true});
+}
+
+// ---- jsd ------------------------------------------------------------------------------------------
+void jsd_cuda(const Context& ctx, const TensorView& loss, const TensorView& input, const TensorView& target,
+              const TensorView& labels, double beta, int64_t ignore_index) {
+  jsd_fwd<false>(ctx, loss, input, target, labels, beta, ignore_index);
+}
+void jsd_cuda_vec16(const Context& ctx, const TensorView& loss, const TensorView& input, const TensorView& target,
+                    const TensorView& labels, double beta, int64_t ignore_index) {
+  jsd_fwd<true>(ctx, loss, input, target, labels, beta, ignore_index);
+}
+const char* jsd_cuda_applicable(const TensorView& loss, const TensorView& input, const TensorView&,
+                                const TensorView&, double, int64_t) {
+  return reduced_loss_problem(loss, input, PairRed::batchmean);
+}
+const char* jsd_cuda_vec16_applicable(const TensorView& loss, const TensorView& input, const TensorView& target,
+                                      const TensorView& labels, double beta, int64_t ignore_index) {
+  if (const char* why = jsd_cuda_applicable(loss, input, target, labels, beta, ignore_index)) return why;
+  return packs_problem({&input, &target});
+}
+
+void jsd_backward_cuda(const Context& ctx, const TensorView& dinput, const TensorView& dloss,
+                       const TensorView& input, const TensorView& target, const TensorView& labels, double beta,
+                       int64_t ignore_index) {
+  jsd_bwd<false>(ctx, dinput, dloss, input, target, labels, beta, ignore_index);
+}
+void jsd_backward_cuda_vec16(const Context& ctx, const TensorView& dinput, const TensorView& dloss,
+                             const TensorView& input, const TensorView& target, const TensorView& labels,
+                             double beta, int64_t ignore_index) {
+  jsd_bwd<true>(ctx, dinput, dloss, input, target, labels, beta, ignore_index);
+}
+const char* jsd_backward_cuda_applicable(const TensorView&, const TensorView& dloss, const TensorView& input,
+                                         const TensorView&, const TensorView&, double, int64_t) {
+  return dloss_problem(dloss, input, PairRed::batchmean);
+}
+const char* jsd_backward_cuda_vec16_applicable(const TensorView& dinput, const TensorView& dloss,
+                                               const TensorView& input, const TensorView& target,
+                                               const TensorView& labels, double beta, int64_t ignore_index) {
+  if (const char* why = jsd_backward_cuda_applicable(dinput, dloss, input, target, labels, beta, ignore_index))
+    return why;
+  return packs_problem({&dinput, &input, &target});
+}
+
+// ---- tvd ------------------------------------------------------------------------------------------
+void tvd_cuda(const Context& ctx, const TensorView& loss, const TensorView& p, const TensorView& q,
+              const TensorView& labels, std::string_view reduction, int64_t ignore_index) {
+  tvd_fwd<false>(ctx, loss, p, q, labels, reduction, ignore_index);
+}
+void tvd_cuda_vec16(const Context& ctx, const TensorView& loss, const TensorView& p, const TensorView& q,
+                    const TensorView& labels, std::string_view reduction, int64_t ignore_index) {
+  tvd_fwd<true>(ctx, loss, p, q, labels, reduction, ignore_index);
+}
+const char* tvd_cuda_applicable(const TensorView& loss, const TensorView& p, const TensorView&, const TensorView&,
+                                std::string_view reduction, int64_t) {
+  return reduced_loss_problem(loss, p, pair_red_of(reduction));
+}
+const char* tvd_cuda_vec16_applicable(const TensorView& loss, const TensorView& p, const TensorView& q,
+                                      const TensorView& labels, std::string_view reduction, int64_t ignore_index) {
+  if (const char* why = tvd_cuda_applicable(loss, p, q, labels, reduction, ignore_index)) return why;
+  const bool none = pair_red_of(reduction) == PairRed::none;
+  return packs_problem({&p, &q, none ? &loss : &p});
+}
+
+void tvd_backward_cuda(const Context& ctx, const TensorView& dp, const TensorView& dloss, const TensorView& p,
+                       const TensorView& q, const TensorView& labels, std::string_view reduction,
+                       int64_t ignore_index) {
+  tvd_bwd<false>(ctx, dp, dloss, p, q, labels, reduction, ignore_index);
+}
+void tvd_backward_cuda_vec16(const Context& ctx, const TensorView& dp, const TensorView& dloss, const TensorView& p,
+                             const TensorView& q, const TensorView& labels, std::string_view reduction,
+                             int64_t ignore_index) {
+  tvd_bwd<true>(ctx, dp, dloss, p, q, labels, reduction, ignore_index);
+}
+const char* tvd_backward_cuda_applicable(const TensorView&, const TensorView& dloss, const TensorView& p,
+                                         const TensorView&, const TensorView&, std::string_view reduction,
+                                         int64_t) {
+  return dloss_problem(dloss, p, pair_red_of(reduction));
+}
+const char* tvd_backward_cuda_vec16_applicable(const TensorView& dp, const TensorView& dloss, const TensorView& p,
+                                               const TensorView& q, const TensorView& labels,
+                                               std::string_view reduction, int64_t ignore_index) {
+  if (const char* why = tvd_backward_cuda_applicable(dp, dloss, p, q, labels, reduction, ignore_index)) return why;
+  const bool none = pair_red_of(reduction) == PairRed::none;
+  return packs_problem({&dp, &p, &q, none ? &dloss : &p});
+}
+
+// ---- registration ---------------------------------------------------------------------------------
+void register_divergence_cuda(Registry& reg) {
+  const char* fwd_vec = "16-byte packs of both inputs, f32 element losses, per-row sums then a fixed-order sum";
+  const char* fwd = "any layout: one element per thread-step, per-row sums then a fixed-order sum";
+  const char* bwd_vec = "one streaming pass of 16-byte packs, no reduction";
+  const char* bwd = "any layout: one streaming pass, no reduction";
+  auto add = [&](auto op_tag, auto vec16, auto vec16_ok, auto scalar, auto scalar_ok, bool is_backward) {
+    using Op = decltype(op_tag);
+    reg.add_kernel<Op>(cuda_kernel_desc("cuda_vec16", 200, is_backward ? bwd_vec : fwd_vec, false), vec16, vec16_ok);
+    reg.add_kernel<Op>(cuda_kernel_desc("cuda", 100, is_backward ? bwd : fwd, false), scalar, scalar_ok);
+  };
+  add(KlDiv{}, &kl_div_cuda_vec16, &kl_div_cuda_vec16_applicable, &kl_div_cuda, &kl_div_cuda_applicable, false);
+  add(KlDivBackward{}, &kl_div_backward_cuda_vec16, &kl_div_backward_cuda_vec16_applicable, &kl_div_backward_cuda,
+      &kl_div_backward_cuda_applicable, true);
+  add(Jsd{}, &jsd_cuda_vec16, &jsd_cuda_vec16_applicable, &jsd_cuda, &jsd_cuda_applicable, false);
+  add(JsdBackward{}, &jsd_backward_cuda_vec16, &jsd_backward_cuda_vec16_applicable, &jsd_backward_cuda,
+      &jsd_backward_cuda_applicable, true);
+  add(Tvd{}, &tvd_cuda_vec16, &tvd_cuda_vec16_applicable, &tvd_cuda, &tvd_cuda_applicable, false);
+  add(TvdBackward{}, &tvd_backward_cuda_vec16, &tvd_backward_cuda_vec16_applicable, &tvd_backward_cuda,
+      &tvd_backward_cuda_applicable, true);
+}
+
+}  // namespace opforge
