@@ -1,5 +1,8 @@
-// CUDA kernel of the attention family (ops/attention/cuda.cu), declared for registration and for
-// tests that call it directly.
+// CUDA kernels of the attention family (ops/attention/cuda.cu, cuda_prefill.cu), declared for
+// registration and for tests that call them directly.
+//   attention_prefill_cuda_wmma  tensor-core flash-style tiles; predicate: bf16 / f16, head_dim 64
+//                          or 128, 16-byte aligned rows and row strides, enough shared memory
+//   attention_prefill_cuda one warp per (query, head); predicate: f32 / f16 / bf16
 //   attention_decode_cuda  split-K decoding with GQA sharing; predicate: dtype, head_dim <= 256,
 //                          at most 8 query heads per kv head
 #pragma once
@@ -15,6 +18,25 @@ const char* attention_decode_cuda_applicable(const TensorView& out, const Tensor
                                              const TensorView& k_cache, const TensorView& v_cache,
                                              const TensorView& seq_lens, double softmax_scale);
 
-void register_attention_cuda(Registry& reg);
+void attention_prefill_cuda(const Context&, const TensorView& out, const TensorView& lse,
+                            const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& cu_seqlens, bool causal, double softmax_scale,
+                            int64_t window_left);
+const char* attention_prefill_cuda_applicable(const TensorView& out, const TensorView& lse,
+                                              const TensorView& q, const TensorView& k,
+                                              const TensorView& v, const TensorView& cu_seqlens,
+                                              bool causal, double softmax_scale, int64_t window_left);
+void attention_prefill_cuda_wmma(const Context&, const TensorView& out, const TensorView& lse,
+                                 const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& cu_seqlens, bool causal, double softmax_scale,
+                                 int64_t window_left);
+const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const TensorView& lse,
+                                                   const TensorView& q, const TensorView& k,
+                                                   const TensorView& v, const TensorView& cu_seqlens,
+                                                   bool causal, double softmax_scale,
+                                                   int64_t window_left);
+void register_attention_prefill_cuda(Registry& reg);  // cuda_prefill.cu
+
+void register_attention_cuda(Registry& reg);  // all of the family's CUDA kernels
 
 }  // namespace opforge

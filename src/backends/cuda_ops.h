@@ -15,7 +15,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "gemma_rms_norm",   "gemma_rms_norm_backward",    "gemma_fused_add_rms_norm",
     "gemma_fused_add_rms_norm_backward",                "gelu_and_mul",       "gelu_and_mul_backward",
     "mul_and_silu",     "mul_and_silu_backward",      "fatrelu_and_mul",    "fatrelu_and_mul_backward",
-    "embedding",        "embedding_backward",         "attention_decode",
+    "embedding",        "embedding_backward",         "attention_decode",   "attention_prefill",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
 };

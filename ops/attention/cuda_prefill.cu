@@ -1,0 +1,481 @@
+// CUDA kernels of attention_prefill: variable-length causal / windowed attention with GQA over a
+// packed batch (the op's doc and Note [attention mask] in attention.h give the math).
+//
+// Masks in global token indices. cu_seqlens lives on the device beside q, so the host never reads
+// it (no synchronization). Each query row i finds its sequence [start, end) by a binary search over
+// cu_seqlens (largest b with cu[b] <= i), then sees the global keys j with lo_i <= j < hi_i where
+//   lo_i = max(start, i - window_left)   (window_left < 0: start)
+//   hi_i = causal ? i + 1 : end.
+// Because query and key lengths are equal, the within-sequence rule (j <= i, j >= i - window_left)
+// is the same rule on global indices. The offsets are clamped (start into [0, i], end into
+// [i + 1, T]), so whatever the device holds, no row reads outside [0, T) and every row sees key i
+// (its softmax is always defined: l >= 1, lse finite).
+//
+// Two kernels, each its own registered impl:
+//  cuda_wmma (bf16, f16; head_dim 64 or 128; 16-byte aligned rows). Flash-attention style: one
+//    block of 4 warps per (64-row query tile, query head); grid (ceil(T / 64), Hq), tiles taken
+//    longest-first under a causal mask (blockIdx.x reversed). The tile's key range is the union of
+//    its rows' ranges: key tiles above the causal diagonal or left of the window are never loaded.
+//    A tile that straddles sequences loads the keys of both and masks. Per 64-key tile: K and V
+//    come to shared memory with 16-byte loads (rows past T zero-filled); each warp computes its 16
+//    x 64 scores with tensor cores (nvcuda::wmma 16x16x16, f32 accumulate), a lane pair per row
+//    applies the mask and the online softmax in f32 (exp2 with log2(e) folded into the scale),
+//    writes P in the input dtype, rescales its rows of the f32 output accumulator O (shared
+//    memory), and O += P V runs on tensor cores again. The full score matrix never exists. O / l is
+//    rounded once; lse = (m + log2 l) ln 2. Shared memory: 114 KiB (D = 128), 72 KiB (D = 64),
+//    opted in per device. Performance target (not a measured figure): 8k tokens causal, 32 query /
+//    8 kv heads x 128, bf16.
+//  cuda (f32, f16, bf16; any head_dim; any row stride): the plain fallback. One warp per (query
+//    row, head); for each key the lanes split head_dim for the dot product (warp butterfly, fixed
+//    order), online softmax in f32, output columns in chunks of 256 (8 a lane): the first chunk runs
+//    the online softmax, later chunks recompute the scores with the final (m, l). Deterministic and
+//    independent of the rest of the batch.
+// 64-bit offsets throughout: ((token * heads + head) * row_stride + d).
+#include <mma.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/attention/attention_cuda.h"
+
+namespace opforge {
+namespace cuda::attention_prefill {
+namespace {
+
+// ---- shared pieces --------------------------------------------------------------------------------
+struct Seqs {
+  const void* cu;      // cu_seqlens on the device
+  int64_t cu_stride;   // elements between offsets
+  bool is64;           // int64 offsets (else int32)
+  int64_t batch;       // B = numel - 1
+  int64_t tokens;      // T
+};
+
+__device__ __forceinline__ int64_t load_cu(const Seqs& s, int64_t b) {
+  return s.is64 ? static_cast<const int64_t*>(s.cu)[b * s.cu_stride]
+                : int64_t(static_cast<const int32_t*>(s.cu)[b * s.cu_stride]);
+}
+
+struct KeyRange {
+  int64_t lo, hi;  // the global keys [lo, hi) query i sees
+};
+
+// Query 0 <= i < T: its keys under Note [attention mask] (see the header comment).
+__device__ __forceinline__ KeyRange key_range(const Seqs& s, int64_t i, bool causal, int64_t window_left) {
+  int64_t start = 0, end = s.tokens;
+  if (s.batch >= 1) {
+    int64_t lo = 0, hi = s.batch - 1;  // the last b in [0, B) with cu[b] <= i
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (load_cu(s, mid) <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    start = load_cu(s, lo);
+    end = load_cu(s, lo + 1);
+  }
+  start = start < 0 ? 0 : (start > i ? i : start);
+  end = end > s.tokens ? s.tokens : (end < i + 1 ? i + 1 : end);
+  int64_t first = start;
+  if (window_left >= 0 && i - window_left > first) first = i - window_left;
+  return {first, causal ? i + 1 : end};
+}
+
+template <class T> struct Args {
+  T* out;
+  float* lse;  // [Hq, T]
+  const T* q;
+  const T* k;
+  const T* v;
+  int64_t out_rs, q_rs, k_rs, v_rs;
+  int64_t tokens, hq, hkv, d;
+  Seqs seqs;
+  bool causal;
+  int64_t window_left;
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e)
+};
+
+// ---- cuda: the plain fallback -------------------------------------------------------------------
+constexpr int kSimtWarps = 4;
+constexpr int kChunk = 8;  // output elements a lane holds per pass: 256 columns
+
+template <class T> __global__ void __launch_bounds__(kSimtWarps * 32) prefill_simt_kernel(Args<T> p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t i = int64_t(blockIdx.x) * kSimtWarps + warp;
+  const int64_t h = blockIdx.y;
+  if (i >= p.tokens) return;  // the whole warp leaves; no block barrier follows
+  const int64_t g = h / (p.hq / p.hkv);
+  const KeyRange r = key_range(p.seqs, i, p.causal, p.window_left);
+  const T* qr = p.q + (i * p.hq + h) * p.q_rs;
+  T* orow = p.out + (i * p.hq + h) * p.out_rs;
+  auto score = [&](int64_t j) {
+    const T* kr = p.k + (j * p.hkv + g) * p.k_rs;
+    float s = 0.0f;
+    for (int64_t d = lane; d < p.d; d += 32) s = fmaf(to_f32(qr[d]), to_f32(kr[d]), s);
+    return group_sum<32>(s) * p.scale;
+  };
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t c0 = 0; c0 < p.d; c0 += 32 * kChunk) {
+    const bool first = c0 == 0;
+    float acc[kChunk];
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) acc[e] = 0.0f;
+    for (int64_t j = r.lo; j < r.hi; ++j) {
+      const float s = score(j);
+      float pj, corr;
+      if (first) {  // online softmax; the first key gives corr = exp(-inf) = 0
+        const float m_new = fmaxf(m, s);
+        corr = expf(m - m_new);
+        pj = expf(s - m_new);
+        l = l * corr + pj;
+        m = m_new;
+      } else {  // (m, l) are final
+        corr = 1.0f;
+        pj = expf(s - m);
+      }
+      const T* vr = p.v + (j * p.hkv + g) * p.v_rs;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const int64_t d = c0 + lane + 32 * e;
+        const float vv = d < p.d ? to_f32(vr[d]) : 0.0f;
+        acc[e] = fmaf(acc[e], corr, pj * vv);
+      }
+    }
+    const float inv = 1.0f / l;  // l >= 1: key i is always seen
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      const int64_t d = c0 + lane + 32 * e;
+      if (d < p.d) orow[d] = from_f32<T>(acc[e] * inv);
+    }
+  }
+  if (lane == 0) p.lse[h * p.tokens + i] = m + logf(l);
+}
+
+// ---- cuda_wmma: tensor-core tiles -----------------------------------------------------------------
+constexpr int kBM = 64;     // query rows a block
+constexpr int kBN = 64;     // keys a tile
+constexpr int kTcWarps = 4; // 16 query rows a warp
+
+// Shared memory of one block (byte offsets; every region 128-byte aligned, every leading dimension
+// a multiple of 16 bytes as wmma needs; the +8 / +4 padding staggers rows across banks).
+template <int D> struct Layout {
+  static constexpr int ldq = D + 8;    // Q, K, V tiles (16-bit elements)
+  static constexpr int lds = kBN + 4;  // scores (f32)
+  static constexpr int ldp = kBN + 8;  // P (16-bit)
+  static constexpr int ldo = D + 4;    // O accumulator (f32)
+  static constexpr size_t q_off = 0;
+  static constexpr size_t k_off = q_off + size_t(kBM) * ldq * 2;
+  static constexpr size_t v_off = k_off + size_t(kBN) * ldq * 2;
+  static constexpr size_t s_off = v_off + size_t(kBN) * ldq * 2;
+  static constexpr size_t p_off = s_off + size_t(kBM) * lds * 4;
+  static constexpr size_t o_off = p_off + size_t(kBM) * ldp * 2;
+  static constexpr size_t r_off = o_off + size_t(kBM) * ldo * 4;  // int64 lo[kBM], hi[kBM]
+  static constexpr size_t l_off = r_off + size_t(kBM) * 16;       // f32 1 / l per row
+  static constexpr size_t bytes = l_off + size_t(kBM) * 4;
+  static_assert(k_off % 128 == 0 && v_off % 128 == 0 && s_off % 128 == 0 && p_off % 128 == 0 &&
+                o_off % 128 == 0 && r_off % 128 == 0 && l_off % 128 == 0);
+  static_assert(ldq % 8 == 0 && ldp % 8 == 0 && lds % 4 == 0 && ldo % 4 == 0);
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) {
+  namespace wmma = nvcuda::wmma;
+  using L = Layout<D>;
+  static_assert(D % 16 == 0 && sizeof(T) == 2);
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem + L::q_off);
+  T* ks = reinterpret_cast<T*>(smem + L::k_off);
+  T* vs = reinterpret_cast<T*>(smem + L::v_off);
+  float* ss = reinterpret_cast<float*>(smem + L::s_off);
+  T* ps = reinterpret_cast<T*>(smem + L::p_off);
+  float* os = reinterpret_cast<float*>(smem + L::o_off);
+  int64_t* lo_s = reinterpret_cast<int64_t*>(smem + L::r_off);
+  int64_t* hi_s = lo_s + kBM;
+  float* inv_l = reinterpret_cast<float*>(smem + L::l_off);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t tile = int64_t(gridDim.x) - 1 - int64_t(blockIdx.x);  // longest causal tiles first
+  const int64_t q0 = tile * kBM;
+  const int64_t h = blockIdx.y;
+  const int64_t g = h / (p.hq / p.hkv);
+  constexpr int kPacks = D / 8;  // 16-byte packs a row
+
+  // Key ranges of the tile's rows; a row past T sees nothing (lo = hi = 0).
+  if (tid < kBM) {
+    const int64_t i = q0 + tid;
+    KeyRange r{0, 0};
+    if (i < p.tokens) r = key_range(p.seqs, i, p.causal, p.window_left);
+    lo_s[tid] = r.lo;
+    hi_s[tid] = r.hi;
+  }
+  // Q tile (rows past T zero), O = 0.
+  for (int e = tid; e < kBM * kPacks; e += blockDim.x) {
+    const int r = e / kPacks, c = (e % kPacks) * 8;
+    const int64_t i = q0 + r;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (i < p.tokens) val = __ldg(reinterpret_cast<const uint4*>(p.q + (i * p.hq + h) * p.q_rs + c));
+    *reinterpret_cast<uint4*>(qs + r * L::ldq + c) = val;
+  }
+  for (int e = tid; e < kBM * L::ldo; e += blockDim.x) os[e] = 0.0f;
+  __syncthreads();
+
+  int64_t kv_lo = INT64_MAX, kv_hi = 0;  // union of the rows' ranges
+  for (int r = 0; r < kBM; ++r)
+    if (lo_s[r] < hi_s[r]) {
+      kv_lo = lo_s[r] < kv_lo ? lo_s[r] : kv_lo;
+      kv_hi = hi_s[r] > kv_hi ? hi_s[r] : kv_hi;
+    }
+
+  // The lane pair (2 r', 2 r' + 1) owns the warp's row r'; `half` picks even or odd columns.
+  const int my_row = warp * 16 + (lane >> 1);
+  const int half = lane & 1;
+  const int64_t my_lo = lo_s[my_row], my_hi = hi_s[my_row];
+  float m = -INFINITY, l = 0.0f;  // running max (log2 domain) and sum of the row
+  const T* qw = qs + warp * 16 * L::ldq;
+  float* sw = ss + warp * 16 * L::lds;
+  const T* pw = ps + warp * 16 * L::ldp;
+  float* ow = os + warp * 16 * L::ldo;
+
+  for (int64_t k0 = kv_lo; k0 < kv_hi; k0 += kBN) {
+    __syncthreads();  // every warp is done with the previous K and V tiles
+    for (int e = tid; e < kBN * kPacks; e += blockDim.x) {
+      const int r = e / kPacks, c = (e % kPacks) * 8;
+      const int64_t j = k0 + r;
+      uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
+      if (j < p.tokens) {
+        kv = __ldg(reinterpret_cast<const uint4*>(p.k + (j * p.hkv + g) * p.k_rs + c));
+        vv = __ldg(reinterpret_cast<const uint4*>(p.v + (j * p.hkv + g) * p.v_rs + c));
+      }
+      *reinterpret_cast<uint4*>(ks + r * L::ldq + c) = kv;
+      *reinterpret_cast<uint4*>(vs + r * L::ldq + c) = vv;
+    }
+    __syncthreads();
+
+    // S (16 x kBN) = Q_w K^T: K^T is K read as a column-major (D x kBN) matrix.
+#pragma unroll
+    for (int nb = 0; nb < kBN / 16; ++nb) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+      wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+      for (int kb = 0; kb < D / 16; ++kb) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+        wmma::load_matrix_sync(a, qw + kb * 16, L::ldq);
+        wmma::load_matrix_sync(b, ks + nb * 16 * L::ldq + kb * 16, L::ldq);
+        wmma::mma_sync(sf, a, b, sf);
+      }
+      wmma::store_matrix_sync(sw + nb * 16, sf, L::lds, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Mask, online softmax (log2 domain), P in the input dtype.
+    float* srow = ss + my_row * L::lds;
+    T* prow = ps + my_row * L::ldp;
+    float mx = -INFINITY;
+    for (int c = half; c < kBN; c += 2) {
+      const int64_t j = k0 + c;
+      const float s = (j >= my_lo && j < my_hi) ? srow[c] * p.scale_log2 : -INFINITY;
+      srow[c] = s;
+      mx = fmaxf(mx, s);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = fmaxf(m, mx);
+    const bool none = m_new == -INFINITY;  // the row has seen no key yet: p = 0, O stays 0
+    const float corr = none ? 1.0f : exp2f(m - m_new);  // m = -inf: 0 (O and l are 0 anyway)
+    float sum = 0.0f;
+    for (int c = half; c < kBN; c += 2) {
+      const float pj = none ? 0.0f : exp2f(srow[c] - m_new);  // masked: exp2(-inf) = 0
+      prow[c] = from_f32<T>(pj);
+      sum += pj;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * corr + sum;
+    m = m_new;
+    if (corr != 1.0f) {
+      float* orow = os + my_row * L::ldo;
+      for (int c = half; c < D; c += 2) orow[c] *= corr;
+    }
+    __syncwarp();
+
+    // O_w += P_w V.
+#pragma unroll
+    for (int db = 0; db < D / 16; ++db) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+      wmma::load_matrix_sync(of, ow + db * 16, L::ldo, wmma::mem_row_major);
+#pragma unroll
+      for (int kb = 0; kb < kBN / 16; ++kb) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+        wmma::load_matrix_sync(a, pw + kb * 16, L::ldp);
+        wmma::load_matrix_sync(b, vs + kb * 16 * L::ldq + db * 16, L::ldq);
+        wmma::mma_sync(of, a, b, of);
+      }
+      wmma::store_matrix_sync(ow + db * 16, of, L::ldo, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+
+  // Epilogue: out = O / l (rounded once), lse = (m + log2 l) ln 2; rows past T are not written.
+  __syncwarp();
+  if (half == 0) {
+    inv_l[my_row] = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t i = q0 + my_row;
+    if (i < p.tokens) p.lse[h * p.tokens + i] = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * D; e += 32) {
+    const int r = warp * 16 + e / D, c = e % D;
+    const int64_t i = q0 + r;
+    if (i < p.tokens) p.out[(i * p.hq + h) * p.out_rs + c] = from_f32<T>(os[r * L::ldo + c] * inv_l[r]);
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : t.size(-1); }
+
+template <class T>
+Args<T> make_args(const TensorView& out, const TensorView& lse, const TensorView& q,
+                  const TensorView& k, const TensorView& v, const TensorView& cu, bool causal,
+                  double softmax_scale, int64_t window_left) {
+  Args<T> p{};
+  p.out = out.ptr<T>(), p.q = q.ptr<T>(), p.k = k.ptr<T>(), p.v = v.ptr<T>();
+  p.lse = static_cast<float*>(lse.data);
+  p.out_rs = row_stride_of(out), p.q_rs = row_stride_of(q), p.k_rs = row_stride_of(k), p.v_rs = row_stride_of(v);
+  p.tokens = q.size(0), p.hq = q.size(1), p.hkv = k.size(1), p.d = q.size(2);
+  p.seqs.cu = cu.data;
+  p.seqs.cu_stride = cu.numel() > 1 ? cu.stride(0) : 1;
+  p.seqs.is64 = cu.dtype == DType::i64;
+  p.seqs.batch = cu.numel() - 1;
+  p.seqs.tokens = q.size(0);
+  p.causal = causal;
+  p.window_left = window_left;
+  const double scale = attention_scale(softmax_scale, q.size(2));
+  p.scale = float(scale);
+  p.scale_log2 = float(scale * 1.4426950408889634);
+  return p;
+}
+
+bool nothing_to_do(const TensorView& q) { return q.size(0) == 0 || q.size(1) == 0; }
+
+void run_simt(const Context& ctx, const TensorView& out, const TensorView& lse, const TensorView& q,
+              const TensorView& k, const TensorView& v, const TensorView& cu, bool causal,
+              double softmax_scale, int64_t window_left) {
+  if (nothing_to_do(q)) return;
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(q.dtype, "attention_prefill", [&](auto tag) {
+    using T = decltype(tag);
+    const Args<T> p = make_args<T>(out, lse, q, k, v, cu, causal, softmax_scale, window_left);
+    const dim3 grid(grid_for(p.tokens, kSimtWarps), unsigned(p.hq));
+    prefill_simt_kernel<T><<<grid, kSimtWarps * 32, 0, stream_of(ctx)>>>(p);
+    check_launch("attention_prefill kernel launch");
+  });
+}
+
+// Opts a kernel into its dynamic shared memory once per device.
+template <class Kernel> void allow_shared(Kernel kernel, int device, size_t bytes) {
+  static std::atomic<uint64_t> done{0};
+  const uint64_t bit = uint64_t(1) << (device & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+template <class T, int D> void launch_wmma(const Context& ctx, const Args<T>& p) {
+  auto kernel = &prefill_wmma_kernel<T, D>;
+  allow_shared(kernel, ctx.device.index, Layout<D>::bytes);
+  const dim3 grid(grid_for(p.tokens, kBM), unsigned(p.hq));
+  kernel<<<grid, kTcWarps * 32, Layout<D>::bytes, stream_of(ctx)>>>(p);
+  check_launch("attention_prefill wmma kernel launch");
+}
+
+template <class T>
+void run_wmma_typed(const Context& ctx, const TensorView& out, const TensorView& lse,
+                    const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& cu, bool causal, double softmax_scale, int64_t window_left) {
+  const Args<T> p = make_args<T>(out, lse, q, k, v, cu, causal, softmax_scale, window_left);
+  if (p.d == 64) launch_wmma<T, 64>(ctx, p);
+  else launch_wmma<T, 128>(ctx, p);
+}
+
+void run_wmma(const Context& ctx, const TensorView& out, const TensorView& lse, const TensorView& q,
+              const TensorView& k, const TensorView& v, const TensorView& cu, bool causal,
+              double softmax_scale, int64_t window_left) {
+  if (nothing_to_do(q)) return;
+  DeviceGuard guard(ctx.device.index);
+  if (q.dtype == DType::bf16)
+    run_wmma_typed<__nv_bfloat16>(ctx, out, lse, q, k, v, cu, causal, softmax_scale, window_left);
+  else if (q.dtype == DType::f16)
+    run_wmma_typed<__half>(ctx, out, lse, q, k, v, cu, causal, softmax_scale, window_left);
+  else
+    throw Error(ErrorCode::internal, std::string("attention_prefill: wmma kernel called with dtype ") +
+                                         dtype_name(q.dtype));
+}
+
+}  // namespace
+}  // namespace cuda::attention_prefill
+
+void attention_prefill_cuda(const Context& ctx, const TensorView& out, const TensorView& lse,
+                            const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& cu_seqlens, bool causal, double softmax_scale,
+                            int64_t window_left) {
+  cuda::attention_prefill::run_simt(ctx, out, lse, q, k, v, cu_seqlens, causal, softmax_scale, window_left);
+}
+
+const char* attention_prefill_cuda_applicable(const TensorView&, const TensorView& lse,
+                                              const TensorView& q, const TensorView&,
+                                              const TensorView&, const TensorView&, bool, double,
+                                              int64_t) {
+  if (!cuda::is_cuda_float(q.dtype)) return cuda::kNotCudaFloat;
+  if (lse.dtype != DType::f32) return "lse is not f32";
+  if (q.size(1) > 65535) return "more than 65535 query heads";
+  return nullptr;
+}
+
+void attention_prefill_cuda_wmma(const Context& ctx, const TensorView& out, const TensorView& lse,
+                                 const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& cu_seqlens, bool causal, double softmax_scale,
+                                 int64_t window_left) {
+  cuda::attention_prefill::run_wmma(ctx, out, lse, q, k, v, cu_seqlens, causal, softmax_scale, window_left);
+}
+
+const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const TensorView& lse,
+                                                   const TensorView& q, const TensorView& k,
+                                                   const TensorView& v, const TensorView&, bool,
+                                                   double, int64_t) {
+  if (q.dtype != DType::bf16 && q.dtype != DType::f16) return "dtype is not bf16 or f16";
+  if (lse.dtype != DType::f32) return "lse is not f32";
+  const int64_t d = q.size(2);
+  if (d != 64 && d != 128) return "head_dim is not 64 or 128";
+  if (q.size(1) > 65535) return "more than 65535 query heads";
+  for (const TensorView* t : {&out, &q, &k, &v})
+    if (t->numel() > 0)
+      if (const char* why = cuda::pack_rows_problem(*t, d)) return why;
+  const size_t need = d == 64 ? cuda::attention_prefill::Layout<64>::bytes
+                              : cuda::attention_prefill::Layout<128>::bytes;
+  if (q.numel() > 0 && cuda_device_props(q.device.index).shared_per_block_optin < int64_t(need))
+    return "the device has less than 114 KiB (head_dim 128) or 72 KiB (64) of shared memory a block";
+  return nullptr;
+}
+
+void register_attention_prefill_cuda(Registry& reg) {
+  KernelDesc wmma = cuda_kernel_desc(
+      "cuda_wmma", 200,
+      "flash-style tiles: 64 query rows x 64-key tiles in shared memory, QK^T and PV on tensor "
+      "cores (wmma 16x16x16, f32 accumulate), online softmax in f32, causal / window tiles skipped",
+      false);
+  wmma.dtypes = {DType::f16, DType::bf16};
+  wmma.properties.batch_invariant = false;  // key tiles start where the tile's rows' keys start
+  reg.add_kernel<AttentionPrefill>(wmma, &attention_prefill_cuda_wmma,
+                                   &attention_prefill_cuda_wmma_applicable);
+  reg.add_kernel<AttentionPrefill>(
+      cuda_kernel_desc("cuda", 100,
+                       "one warp per (query, head): lanes split head_dim, online softmax in f32, "
+                       "any head_dim and row stride",
+                       false),
+      &attention_prefill_cuda, &attention_prefill_cuda_applicable);
+}
+
+}  // namespace opforge
