@@ -1,15 +1,9 @@
 // CUDA kernels of attention_prefill: variable-length causal / windowed attention with GQA over a
 // packed batch (the op's doc and Note [attention mask] in attention.h give the math).
 //
-// Masks in global token indices. cu_seqlens lives on the device beside q, so the host never reads
-// it (no synchronization). Each query row i finds its sequence [start, end) by a binary search over
-// cu_seqlens (largest b with cu[b] <= i), then sees the global keys j with lo_i <= j < hi_i where
-//   lo_i = max(start, i - window_left)   (window_left < 0: start)
-//   hi_i = causal ? i + 1 : end.
-// Because query and key lengths are equal, the within-sequence rule (j <= i, j >= i - window_left)
-// is the same rule on global indices. The offsets are clamped (start into [0, i], end into
-// [i + 1, T]), so whatever the device holds, no row reads outside [0, T) and every row sees key i
-// (its softmax is always defined: l >= 1, lse finite).
+// Masks in global token indices (prefill_mask.cuh): each query row finds its sequence by a binary
+// search over cu_seqlens (on the device; the host never reads it) and sees the keys [lo_i, hi_i);
+// offsets are clamped so no row reads outside [0, T) and every row sees its own key.
 //
 // Two kernels, each its own registered impl:
 //  cuda_wmma (bf16, f16; head_dim 64 or 128; 16-byte aligned rows). Flash-attention style: one
@@ -40,48 +34,11 @@
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/attention/attention_cuda.h"
+#include "ops/attention/prefill_mask.cuh"
 
 namespace opforge {
 namespace cuda::attention_prefill {
 namespace {
-
-// ---- shared pieces --------------------------------------------------------------------------------
-struct Seqs {
-  const void* cu;      // cu_seqlens on the device
-  int64_t cu_stride;   // elements between offsets
-  bool is64;           // int64 offsets (else int32)
-  int64_t batch;       // B = numel - 1
-  int64_t tokens;      // T
-};
-
-__device__ __forceinline__ int64_t load_cu(const Seqs& s, int64_t b) {
-  return s.is64 ? static_cast<const int64_t*>(s.cu)[b * s.cu_stride]
-                : int64_t(static_cast<const int32_t*>(s.cu)[b * s.cu_stride]);
-}
-
-struct KeyRange {
-  int64_t lo, hi;  // the global keys [lo, hi) query i sees
-};
-
-// Query 0 <= i < T: its keys under Note [attention mask] (see the header comment).
-__device__ __forceinline__ KeyRange key_range(const Seqs& s, int64_t i, bool causal, int64_t window_left) {
-  int64_t start = 0, end = s.tokens;
-  if (s.batch >= 1) {
-    int64_t lo = 0, hi = s.batch - 1;  // the last b in [0, B) with cu[b] <= i
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (load_cu(s, mid) <= i) lo = mid;
-      else hi = mid - 1;
-    }
-    start = load_cu(s, lo);
-    end = load_cu(s, lo + 1);
-  }
-  start = start < 0 ? 0 : (start > i ? i : start);
-  end = end > s.tokens ? s.tokens : (end < i + 1 ? i + 1 : end);
-  int64_t first = start;
-  if (window_left >= 0 && i - window_left > first) first = i - window_left;
-  return {first, causal ? i + 1 : end};
-}
 
 template <class T> struct Args {
   T* out;
@@ -108,7 +65,7 @@ template <class T> __global__ void __launch_bounds__(kSimtWarps * 32) prefill_si
   const int64_t h = blockIdx.y;
   if (i >= p.tokens) return;  // the whole warp leaves; no block barrier follows
   const int64_t g = h / (p.hq / p.hkv);
-  const KeyRange r = key_range(p.seqs, i, p.causal, p.window_left);
+  const Range r = key_range(p.seqs, i, p.causal, p.window_left);
   const T* qr = p.q + (i * p.hq + h) * p.q_rs;
   T* orow = p.out + (i * p.hq + h) * p.out_rs;
   auto score = [&](int64_t j) {
@@ -206,7 +163,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
   // Key ranges of the tile's rows; a row past T sees nothing (lo = hi = 0).
   if (tid < kBM) {
     const int64_t i = q0 + tid;
-    KeyRange r{0, 0};
+    Range r{0, 0};
     if (i < p.tokens) r = key_range(p.seqs, i, p.causal, p.window_left);
     lo_s[tid] = r.lo;
     hi_s[tid] = r.hi;
@@ -345,11 +302,7 @@ Args<T> make_args(const TensorView& out, const TensorView& lse, const TensorView
   p.lse = static_cast<float*>(lse.data);
   p.out_rs = row_stride_of(out), p.q_rs = row_stride_of(q), p.k_rs = row_stride_of(k), p.v_rs = row_stride_of(v);
   p.tokens = q.size(0), p.hq = q.size(1), p.hkv = k.size(1), p.d = q.size(2);
-  p.seqs.cu = cu.data;
-  p.seqs.cu_stride = cu.numel() > 1 ? cu.stride(0) : 1;
-  p.seqs.is64 = cu.dtype == DType::i64;
-  p.seqs.batch = cu.numel() - 1;
-  p.seqs.tokens = q.size(0);
+  p.seqs = seqs_of(cu, q.size(0));
   p.causal = causal;
   p.window_left = window_left;
   const double scale = attention_scale(softmax_scale, q.size(2));
