@@ -12,11 +12,14 @@
 //    its rows' ranges: key tiles above the causal diagonal or left of the window are never loaded.
 //    A tile that straddles sequences loads the keys of both and masks. Per 64-key tile: K and V
 //    come to shared memory with 16-byte loads (rows past T zero-filled); each warp computes its 16
-//    x 64 scores with tensor cores (nvcuda::wmma 16x16x16, f32 accumulate), a lane pair per row
-//    applies the mask and the online softmax in f32 (exp2 with log2(e) folded into the scale),
-//    writes P in the input dtype, rescales its rows of the f32 output accumulator O (shared
-//    memory), and O += P V runs on tensor cores again. The full score matrix never exists. O / l is
-//    rounded once; lse = (m + log2 l) ln 2. Shared memory: 114 KiB (D = 128), 72 KiB (D = 64),
+//    x 64 scores with tensor cores (nvcuda::wmma 16x16x16, f32 accumulate; its Q operands stay in
+//    registers for the whole block), a lane pair per row applies the mask and the online softmax in
+//    f32 (exp2 with log2(e) folded into the scale) and writes P in the input dtype; the f32 output
+//    accumulator O stays in registers (wmma accumulator fragments): it is rescaled per row by the
+//    softmax correction (which row each fragment element holds is read once from a fragment loaded
+//    from a matrix of row numbers, so no fragment layout is assumed) and O += P V runs on tensor
+//    cores again. The full score matrix never exists. O / l is rounded once (staged through the
+//    dead K / V tiles); lse = (m + log2 l) ln 2. Shared memory: 78 KiB (D = 128), 54 KiB (D = 64),
 //    opted in per device. Performance target (not a measured figure): 8k tokens causal, 32 query /
 //    8 kv heads x 128, bf16.
 //  cuda (f32, f16, bf16; any head_dim; any row stride): the plain fallback. One warp per (query
@@ -117,31 +120,37 @@ constexpr int kBN = 64;     // keys a tile
 constexpr int kTcWarps = 4; // 16 query rows a warp
 
 // Shared memory of one block (byte offsets; every region 128-byte aligned, every leading dimension
-// a multiple of 16 bytes as wmma needs; the +8 / +4 padding staggers rows across banks).
+// a multiple of 16 bytes as wmma needs; the +8 / +4 padding staggers rows across banks). After the
+// key loop the K and V tiles are dead and the f32 output rows are staged there.
 template <int D> struct Layout {
   static constexpr int ldq = D + 8;    // Q, K, V tiles (16-bit elements)
   static constexpr int lds = kBN + 4;  // scores (f32)
   static constexpr int ldp = kBN + 8;  // P (16-bit)
-  static constexpr int ldo = D + 4;    // O accumulator (f32)
+  static constexpr int ldo = D + 4;    // output staging (f32)
   static constexpr size_t q_off = 0;
   static constexpr size_t k_off = q_off + size_t(kBM) * ldq * 2;
   static constexpr size_t v_off = k_off + size_t(kBN) * ldq * 2;
   static constexpr size_t s_off = v_off + size_t(kBN) * ldq * 2;
   static constexpr size_t p_off = s_off + size_t(kBM) * lds * 4;
-  static constexpr size_t o_off = p_off + size_t(kBM) * ldp * 2;
-  static constexpr size_t r_off = o_off + size_t(kBM) * ldo * 4;  // int64 lo[kBM], hi[kBM]
-  static constexpr size_t l_off = r_off + size_t(kBM) * 16;       // f32 1 / l per row
-  static constexpr size_t bytes = l_off + size_t(kBM) * 4;
+  static constexpr size_t r_off = p_off + size_t(kBM) * ldp * 2;  // int64 lo[kBM], hi[kBM]
+  static constexpr size_t c_off = r_off + size_t(kBM) * 16;       // f32 per row: corr, then 1 / l
+  static constexpr size_t bytes = c_off + size_t(kBM) * 4;
+  static constexpr size_t o_off = k_off;                          // staging over K and V
   static_assert(k_off % 128 == 0 && v_off % 128 == 0 && s_off % 128 == 0 && p_off % 128 == 0 &&
-                o_off % 128 == 0 && r_off % 128 == 0 && l_off % 128 == 0);
+                r_off % 128 == 0 && c_off % 128 == 0);
   static_assert(ldq % 8 == 0 && ldp % 8 == 0 && lds % 4 == 0 && ldo % 4 == 0);
+  static_assert(size_t(kBM) * ldo * 4 <= s_off - k_off, "output staging fits over K and V");
 };
 
 template <class T, int D>
 __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) {
   namespace wmma = nvcuda::wmma;
   using L = Layout<D>;
+  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   static_assert(D % 16 == 0 && sizeof(T) == 2);
+  constexpr int kDB = D / 16;    // 16-column blocks of head_dim
+  constexpr int kPacks = D / 8;  // 16-byte packs a row
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem + L::q_off);
   T* ks = reinterpret_cast<T*>(smem + L::k_off);
@@ -151,14 +160,13 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
   float* os = reinterpret_cast<float*>(smem + L::o_off);
   int64_t* lo_s = reinterpret_cast<int64_t*>(smem + L::r_off);
   int64_t* hi_s = lo_s + kBM;
-  float* inv_l = reinterpret_cast<float*>(smem + L::l_off);
+  float* row_f = reinterpret_cast<float*>(smem + L::c_off);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t tile = int64_t(gridDim.x) - 1 - int64_t(blockIdx.x);  // longest causal tiles first
   const int64_t q0 = tile * kBM;
   const int64_t h = blockIdx.y;
   const int64_t g = h / (p.hq / p.hkv);
-  constexpr int kPacks = D / 8;  // 16-byte packs a row
 
   // Key ranges of the tile's rows; a row past T sees nothing (lo = hi = 0).
   if (tid < kBM) {
@@ -168,7 +176,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
     lo_s[tid] = r.lo;
     hi_s[tid] = r.hi;
   }
-  // Q tile (rows past T zero), O = 0.
+  // Q tile (rows past T zero).
   for (int e = tid; e < kBM * kPacks; e += blockDim.x) {
     const int r = e / kPacks, c = (e % kPacks) * 8;
     const int64_t i = q0 + r;
@@ -176,8 +184,17 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
     if (i < p.tokens) val = __ldg(reinterpret_cast<const uint4*>(p.q + (i * p.hq + h) * p.q_rs + c));
     *reinterpret_cast<uint4*>(qs + r * L::ldq + c) = val;
   }
-  for (int e = tid; e < kBM * L::ldo; e += blockDim.x) os[e] = 0.0f;
+  // Which row of a 16 x 16 accumulator each of this thread's elements holds: load a matrix whose
+  // entry (r, c) is r and read the fragment back (load, mma and store share one element mapping),
+  // so the per-row rescale below needs no assumption about that mapping.
+  float* sw = ss + warp * 16 * L::lds;
+  for (int e = lane; e < 256; e += 32) sw[(e / 16) * L::lds + e % 16] = float(e / 16);
   __syncthreads();
+  Acc rowmap;
+  wmma::load_matrix_sync(rowmap, sw, L::lds, wmma::mem_row_major);
+  int row_of[Acc::num_elements];
+#pragma unroll
+  for (int e = 0; e < Acc::num_elements; ++e) row_of[e] = int(rowmap.x[e]);
 
   int64_t kv_lo = INT64_MAX, kv_hi = 0;  // union of the rows' ranges
   for (int r = 0; r < kBM; ++r)
@@ -186,15 +203,22 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
       kv_hi = hi_s[r] > kv_hi ? hi_s[r] : kv_hi;
     }
 
+  // The warp's Q rows as tensor-core operands, and its output accumulator, live in registers.
+  const T* qw = qs + warp * 16 * L::ldq;
+  FragA qf[kDB];
+#pragma unroll
+  for (int kb = 0; kb < kDB; ++kb) wmma::load_matrix_sync(qf[kb], qw + kb * 16, L::ldq);
+  Acc of[kDB];
+#pragma unroll
+  for (int db = 0; db < kDB; ++db) wmma::fill_fragment(of[db], 0.0f);
+
   // The lane pair (2 r', 2 r' + 1) owns the warp's row r'; `half` picks even or odd columns.
   const int my_row = warp * 16 + (lane >> 1);
   const int half = lane & 1;
   const int64_t my_lo = lo_s[my_row], my_hi = hi_s[my_row];
   float m = -INFINITY, l = 0.0f;  // running max (log2 domain) and sum of the row
-  const T* qw = qs + warp * 16 * L::ldq;
-  float* sw = ss + warp * 16 * L::lds;
   const T* pw = ps + warp * 16 * L::ldp;
-  float* ow = os + warp * 16 * L::ldo;
+  float* corr_w = row_f + warp * 16;
 
   for (int64_t k0 = kv_lo; k0 < kv_hi; k0 += kBN) {
     __syncthreads();  // every warp is done with the previous K and V tiles
@@ -214,15 +238,13 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
     // S (16 x kBN) = Q_w K^T: K^T is K read as a column-major (D x kBN) matrix.
 #pragma unroll
     for (int nb = 0; nb < kBN / 16; ++nb) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+      Acc sf;
       wmma::fill_fragment(sf, 0.0f);
 #pragma unroll
-      for (int kb = 0; kb < D / 16; ++kb) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+      for (int kb = 0; kb < kDB; ++kb) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-        wmma::load_matrix_sync(a, qw + kb * 16, L::ldq);
         wmma::load_matrix_sync(b, ks + nb * 16 * L::ldq + kb * 16, L::ldq);
-        wmma::mma_sync(sf, a, b, sf);
+        wmma::mma_sync(sf, qf[kb], b, sf);
       }
       wmma::store_matrix_sync(sw + nb * 16, sf, L::lds, wmma::mem_row_major);
     }
@@ -251,42 +273,51 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     l = l * corr + sum;
     m = m_new;
-    if (corr != 1.0f) {
-      float* orow = os + my_row * L::ldo;
-      for (int c = half; c < D; c += 2) orow[c] *= corr;
-    }
+    if (half == 0) corr_w[lane >> 1] = corr;
     __syncwarp();
 
-    // O_w += P_w V.
+    // O_w = diag(corr) O_w + P_w V.
+    float ce[Acc::num_elements];
 #pragma unroll
-    for (int db = 0; db < D / 16; ++db) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
-      wmma::load_matrix_sync(of, ow + db * 16, L::ldo, wmma::mem_row_major);
+    for (int e = 0; e < Acc::num_elements; ++e) ce[e] = corr_w[row_of[e]];
+#pragma unroll
+    for (int db = 0; db < kDB; ++db) {
+#pragma unroll
+      for (int e = 0; e < Acc::num_elements; ++e) of[db].x[e] *= ce[e];
 #pragma unroll
       for (int kb = 0; kb < kBN / 16; ++kb) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        FragA a;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
         wmma::load_matrix_sync(a, pw + kb * 16, L::ldp);
         wmma::load_matrix_sync(b, vs + kb * 16 * L::ldq + db * 16, L::ldq);
-        wmma::mma_sync(of, a, b, of);
+        wmma::mma_sync(of[db], a, b, of[db]);
       }
-      wmma::store_matrix_sync(ow + db * 16, of, L::ldo, wmma::mem_row_major);
     }
-    __syncwarp();
+    __syncwarp();  // corr_w, S and P rows are rewritten next tile
   }
 
   // Epilogue: out = O / l (rounded once), lse = (m + log2 l) ln 2; rows past T are not written.
-  __syncwarp();
   if (half == 0) {
-    inv_l[my_row] = l > 0.0f ? 1.0f / l : 0.0f;
+    corr_w[lane >> 1] = l > 0.0f ? 1.0f / l : 0.0f;
     const int64_t i = q0 + my_row;
     if (i < p.tokens) p.lse[h * p.tokens + i] = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
   }
+  __syncthreads();  // every warp is done with K and V: the staging area is free; 1 / l is visible
+  float* ow = os + warp * 16 * L::ldo;
+  float inv[Acc::num_elements];
+#pragma unroll
+  for (int e = 0; e < Acc::num_elements; ++e) inv[e] = corr_w[row_of[e]];
+#pragma unroll
+  for (int db = 0; db < kDB; ++db) {
+#pragma unroll
+    for (int e = 0; e < Acc::num_elements; ++e) of[db].x[e] *= inv[e];
+    wmma::store_matrix_sync(ow + db * 16, of[db], L::ldo, wmma::mem_row_major);
+  }
   __syncwarp();
   for (int e = lane; e < 16 * D; e += 32) {
-    const int r = warp * 16 + e / D, c = e % D;
-    const int64_t i = q0 + r;
-    if (i < p.tokens) p.out[(i * p.hq + h) * p.out_rs + c] = from_f32<T>(os[r * L::ldo + c] * inv_l[r]);
+    const int r = e / D, c = e % D;
+    const int64_t i = q0 + warp * 16 + r;
+    if (i < p.tokens) p.out[(i * p.hq + h) * p.out_rs + c] = from_f32<T>(ow[r * L::ldo + c]);
   }
 }
 
@@ -327,18 +358,17 @@ void run_simt(const Context& ctx, const TensorView& out, const TensorView& lse, 
   });
 }
 
-// Opts a kernel into its dynamic shared memory once per device.
-template <class Kernel> void allow_shared(Kernel kernel, int device, size_t bytes) {
-  static std::atomic<uint64_t> done{0};
-  const uint64_t bit = uint64_t(1) << (device & 63);
-  if (done.load(std::memory_order_acquire) & bit) return;
-  OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  done.fetch_or(bit, std::memory_order_acq_rel);
-}
-
+// Opts the kernel into its dynamic shared memory once per device (one flag set per <T, D>).
 template <class T, int D> void launch_wmma(const Context& ctx, const Args<T>& p) {
   auto kernel = &prefill_wmma_kernel<T, D>;
-  allow_shared(kernel, ctx.device.index, Layout<D>::bytes);
+  static std::atomic<uint64_t> opted{0};
+  const int dev = ctx.device.index;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(Layout<D>::bytes)));
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
   const dim3 grid(grid_for(p.tokens, kBM), unsigned(p.hq));
   kernel<<<grid, kTcWarps * 32, Layout<D>::bytes, stream_of(ctx)>>>(p);
   check_launch("attention_prefill wmma kernel launch");
@@ -409,7 +439,7 @@ const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const 
   const size_t need = d == 64 ? cuda::attention_prefill::Layout<64>::bytes
                               : cuda::attention_prefill::Layout<128>::bytes;
   if (q.numel() > 0 && cuda_device_props(q.device.index).shared_per_block_optin < int64_t(need))
-    return "the device has less than 114 KiB (head_dim 128) or 72 KiB (64) of shared memory a block";
+    return "the device has less than 78 KiB (head_dim 128) or 54 KiB (64) of shared memory a block";
   return nullptr;
 }
 
