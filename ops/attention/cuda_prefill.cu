@@ -280,17 +280,18 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
     float ce[Acc::num_elements];
 #pragma unroll
     for (int e = 0; e < Acc::num_elements; ++e) ce[e] = corr_w[row_of[e]];
+    FragA pf[kBN / 16];
+#pragma unroll
+    for (int kb = 0; kb < kBN / 16; ++kb) wmma::load_matrix_sync(pf[kb], pw + kb * 16, L::ldp);
 #pragma unroll
     for (int db = 0; db < kDB; ++db) {
 #pragma unroll
       for (int e = 0; e < Acc::num_elements; ++e) of[db].x[e] *= ce[e];
 #pragma unroll
       for (int kb = 0; kb < kBN / 16; ++kb) {
-        FragA a;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-        wmma::load_matrix_sync(a, pw + kb * 16, L::ldp);
         wmma::load_matrix_sync(b, vs + kb * 16 * L::ldq + db * 16, L::ldq);
-        wmma::mma_sync(of[db], a, b, of[db]);
+        wmma::mma_sync(of[db], pf[kb], b, of[db]);
       }
     }
     __syncwarp();  // corr_w, S and P rows are rewritten next tile
