@@ -3,6 +3,9 @@
 //   attention_prefill_cuda_wmma  tensor-core flash-style tiles; predicate: bf16 / f16, head_dim 64
 //                          or 128, 16-byte aligned rows and row strides, enough shared memory
 //   attention_prefill_cuda one warp per (query, head); predicate: f32 / f16 / bf16
+//   attention_prefill_backward_cuda_wmma  (cuda_prefill_backward.cu) tensor-core dq and dk/dv
+//                          tiles; predicate as attention_prefill_cuda_wmma (all of q, k, v, dout,
+//                          dq, dk, dv)
 //   attention_prefill_backward_cuda  (cuda_prefill_backward.cu) warp per query row / key row;
 //                          predicate: f32 / f16 / bf16
 //   attention_decode_cuda  split-K decoding with GQA sharing; predicate: dtype, head_dim <= 256,
@@ -46,6 +49,18 @@ void attention_prefill_backward_cuda(const Context&, const TensorView& dq, const
                                      const TensorView& cu_seqlens, bool causal,
                                      double softmax_scale, int64_t window_left);
 const char* attention_prefill_backward_cuda_applicable(
+    const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+    const TensorView& lse, const TensorView& cu_seqlens, bool causal, double softmax_scale,
+    int64_t window_left);
+void attention_prefill_backward_cuda_wmma(const Context&, const TensorView& dq,
+                                          const TensorView& dk, const TensorView& dv,
+                                          const TensorView& dout, const TensorView& q,
+                                          const TensorView& k, const TensorView& v,
+                                          const TensorView& out, const TensorView& lse,
+                                          const TensorView& cu_seqlens, bool causal,
+                                          double softmax_scale, int64_t window_left);
+const char* attention_prefill_backward_cuda_wmma_applicable(
     const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
     const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
     const TensorView& lse, const TensorView& cu_seqlens, bool causal, double softmax_scale,
