@@ -439,7 +439,8 @@ const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const 
       if (const char* why = cuda::pack_rows_problem(*t, d)) return why;
   const size_t need = d == 64 ? cuda::attention_prefill::Layout<64>::bytes
                               : cuda::attention_prefill::Layout<128>::bytes;
-  if (q.numel() > 0 && cuda_device_props(q.device.index).shared_per_block_optin < int64_t(need))
+  if (q.numel() > 0 && !q.device.is_cpu() &&
+      cuda_device_props(q.device.index).shared_per_block_optin < int64_t(need))
     return "the device has less than 78 KiB (head_dim 128) or 54 KiB (64) of shared memory a block";
   return nullptr;
 }
