@@ -2,6 +2,7 @@
 // registration and for tests that call them directly.
 //   attention_prefill_cuda_wmma  tensor-core flash-style tiles; predicate: bf16 / f16, head_dim 64
 //                          or 128, 16-byte aligned rows and row strides, enough shared memory
+//   attention_prefill_cuda_wmma_async  (impl cuda_wmma2) the same, double-buffered cp.async K/V
 //   attention_prefill_cuda one warp per (query, head); predicate: f32 / f16 / bf16
 //   attention_prefill_backward_cuda_wmma  (cuda_prefill_backward.cu) tensor-core dq and dk/dv
 //                          tiles; predicate as attention_prefill_cuda_wmma (all of q, k, v, dout,
@@ -40,6 +41,15 @@ const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const 
                                                    const TensorView& v, const TensorView& cu_seqlens,
                                                    bool causal, double softmax_scale,
                                                    int64_t window_left);
+void attention_prefill_cuda_wmma_async(const Context&, const TensorView& out,
+                                       const TensorView& lse, const TensorView& q,
+                                       const TensorView& k, const TensorView& v,
+                                       const TensorView& cu_seqlens, bool causal,
+                                       double softmax_scale, int64_t window_left);
+const char* attention_prefill_cuda_wmma_async_applicable(
+    const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+    const TensorView& v, const TensorView& cu_seqlens, bool causal, double softmax_scale,
+    int64_t window_left);
 void register_attention_prefill_cuda(Registry& reg);  // cuda_prefill.cu
 
 void attention_prefill_backward_cuda(const Context&, const TensorView& dq, const TensorView& dk,

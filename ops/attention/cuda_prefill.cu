@@ -19,15 +19,20 @@
 //    softmax correction (which row each fragment element holds is read once from a fragment loaded
 //    from a matrix of row numbers, so no fragment layout is assumed) and O += P V runs on tensor
 //    cores again. The full score matrix never exists. O / l is rounded once (staged through the
-//    dead K / V tiles); lse = (m + log2 l) ln 2. Shared memory: 78 KiB (D = 128), 54 KiB (D = 64),
-//    opted in per device. Performance target (not a measured figure): 8k tokens causal, 32 query /
+//    dead K / V tiles); lse = (m + log2 l) ln 2. Shared memory: 78.25 KiB (D = 128), 54.25 KiB
+//    (D = 64), opted in per device. Performance target (not a measured figure): 8k tokens causal, 32 query /
 //    8 kv heads x 128, bf16.
+//  cuda_wmma2: the same kernel with two K/V buffers: while a key tile is computed, the next
+//    one is copied with cp.async (__pipeline_memcpy_async, one commit group a tile, wait for all
+//    but the newest); 112.25 KiB (D = 128) / 72.25 KiB (D = 64), still two blocks an SM on H100.
+//    Preferred (priority 300); cuda_wmma (200) is the same math with one buffer.
 //  cuda (f32, f16, bf16; any head_dim; any row stride): the plain fallback. One warp per (query
 //    row, head); for each key the lanes split head_dim for the dot product (warp butterfly, fixed
 //    order), online softmax in f32, output columns in chunks of 256 (8 a lane): the first chunk runs
 //    the online softmax, later chunks recompute the scores with the final (m, l). Deterministic and
 //    independent of the rest of the batch.
 // 64-bit offsets throughout: ((token * heads + head) * row_stride + d).
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -121,31 +126,34 @@ constexpr int kTcWarps = 4; // 16 query rows a warp
 
 // Shared memory of one block (byte offsets; every region 128-byte aligned, every leading dimension
 // a multiple of 16 bytes as wmma needs; the +8 / +4 padding staggers rows across banks). After the
-// key loop the K and V tiles are dead and the f32 output rows are staged there.
-template <int D> struct Layout {
+// key loop the K and V tiles are dead and the f32 output rows are staged there. kStages K/V
+// buffers: 1 (load, barrier, compute) or 2 (the next tile's cp.async copies fly during compute).
+template <int D, int kStages> struct Layout {
   static constexpr int ldq = D + 8;    // Q, K, V tiles (16-bit elements)
   static constexpr int lds = kBN + 4;  // scores (f32)
   static constexpr int ldp = kBN + 8;  // P (16-bit)
   static constexpr int ldo = D + 4;    // output staging (f32)
   static constexpr size_t q_off = 0;
   static constexpr size_t k_off = q_off + size_t(kBM) * ldq * 2;
-  static constexpr size_t v_off = k_off + size_t(kBN) * ldq * 2;
-  static constexpr size_t s_off = v_off + size_t(kBN) * ldq * 2;
+  static constexpr size_t tile_bytes = size_t(kBN) * ldq * 2;  // one K or V tile
+  static constexpr size_t v_off = k_off + tile_bytes;               // buffer b at + 2 b tile_bytes
+  static constexpr size_t s_off = k_off + size_t(kStages) * 2 * tile_bytes;
   static constexpr size_t p_off = s_off + size_t(kBM) * lds * 4;
   static constexpr size_t r_off = p_off + size_t(kBM) * ldp * 2;  // int64 lo[kBM], hi[kBM]
   static constexpr size_t c_off = r_off + size_t(kBM) * 16;       // f32 per row: corr, then 1 / l
   static constexpr size_t bytes = c_off + size_t(kBM) * 4;
   static constexpr size_t o_off = k_off;                          // staging over K and V
-  static_assert(k_off % 128 == 0 && v_off % 128 == 0 && s_off % 128 == 0 && p_off % 128 == 0 &&
+  static_assert(kStages == 1 || kStages == 2);
+  static_assert(k_off % 128 == 0 && tile_bytes % 128 == 0 && s_off % 128 == 0 && p_off % 128 == 0 &&
                 r_off % 128 == 0 && c_off % 128 == 0);
   static_assert(ldq % 8 == 0 && ldp % 8 == 0 && lds % 4 == 0 && ldo % 4 == 0);
   static_assert(size_t(kBM) * ldo * 4 <= s_off - k_off, "output staging fits over K and V");
 };
 
-template <class T, int D>
+template <class T, int D, int kStages>
 __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) {
   namespace wmma = nvcuda::wmma;
-  using L = Layout<D>;
+  using L = Layout<D, kStages>;
   using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   static_assert(D % 16 == 0 && sizeof(T) == 2);
@@ -153,8 +161,6 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
   constexpr int kPacks = D / 8;  // 16-byte packs a row
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem + L::q_off);
-  T* ks = reinterpret_cast<T*>(smem + L::k_off);
-  T* vs = reinterpret_cast<T*>(smem + L::v_off);
   float* ss = reinterpret_cast<float*>(smem + L::s_off);
   T* ps = reinterpret_cast<T*>(smem + L::p_off);
   float* os = reinterpret_cast<float*>(smem + L::o_off);
@@ -220,20 +226,51 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
   const T* pw = ps + warp * 16 * L::ldp;
   float* corr_w = row_f + warp * 16;
 
-  for (int64_t k0 = kv_lo; k0 < kv_hi; k0 += kBN) {
-    __syncthreads();  // every warp is done with the previous K and V tiles
+  // K and V rows k0 .. k0 + kBN - 1 into buffer `buf` (rows past T zero). One stage: plain 16-byte
+  // loads and stores. Two stages: cp.async copies, committed as one group per tile.
+  auto fill = [&](int64_t k0, int buf) {
+    T* kd = reinterpret_cast<T*>(smem + L::k_off + size_t(buf) * 2 * L::tile_bytes);
+    T* vd = reinterpret_cast<T*>(smem + L::v_off + size_t(buf) * 2 * L::tile_bytes);
     for (int e = tid; e < kBN * kPacks; e += blockDim.x) {
       const int r = e / kPacks, c = (e % kPacks) * 8;
       const int64_t j = k0 + r;
-      uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
+      T* kdst = kd + r * L::ldq + c;
+      T* vdst = vd + r * L::ldq + c;
       if (j < p.tokens) {
-        kv = __ldg(reinterpret_cast<const uint4*>(p.k + (j * p.hkv + g) * p.k_rs + c));
-        vv = __ldg(reinterpret_cast<const uint4*>(p.v + (j * p.hkv + g) * p.v_rs + c));
+        const T* ksrc = p.k + (j * p.hkv + g) * p.k_rs + c;
+        const T* vsrc = p.v + (j * p.hkv + g) * p.v_rs + c;
+        if constexpr (kStages == 2) {
+          __pipeline_memcpy_async(kdst, ksrc, 16);
+          __pipeline_memcpy_async(vdst, vsrc, 16);
+        } else {
+          *reinterpret_cast<uint4*>(kdst) = __ldg(reinterpret_cast<const uint4*>(ksrc));
+          *reinterpret_cast<uint4*>(vdst) = __ldg(reinterpret_cast<const uint4*>(vsrc));
+        }
+      } else {
+        *reinterpret_cast<uint4*>(kdst) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(vdst) = make_uint4(0u, 0u, 0u, 0u);
       }
-      *reinterpret_cast<uint4*>(ks + r * L::ldq + c) = kv;
-      *reinterpret_cast<uint4*>(vs + r * L::ldq + c) = vv;
     }
-    __syncthreads();
+    if constexpr (kStages == 2) __pipeline_commit();
+  };
+  if constexpr (kStages == 2)
+    if (kv_lo < kv_hi) fill(kv_lo, 0);
+
+  int buf = 0;
+  for (int64_t k0 = kv_lo; k0 < kv_hi; k0 += kBN, buf ^= kStages - 1) {
+    if constexpr (kStages == 1) {
+      __syncthreads();  // every warp is done with the previous K and V tiles
+      fill(k0, 0);
+    } else {
+      // The other buffer was last read in the previous tile, which ended with a barrier. An empty
+      // group after the last tile keeps "all but the newest group" meaning this tile.
+      if (k0 + kBN < kv_hi) fill(k0 + kBN, buf ^ 1);
+      else __pipeline_commit();
+      __pipeline_wait_prior(1);  // this thread's copies of this tile have landed
+    }
+    __syncthreads();  // every thread's copies and zero rows of this tile are visible
+    const T* ks = reinterpret_cast<const T*>(smem + L::k_off + size_t(buf) * 2 * L::tile_bytes);
+    const T* vs = reinterpret_cast<const T*>(smem + L::v_off + size_t(buf) * 2 * L::tile_bytes);
 
     // S (16 x kBN) = Q_w K^T: K^T is K read as a column-major (D x kBN) matrix.
 #pragma unroll
@@ -295,6 +332,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) prefill_wmma_kernel(Args<T> p) 
       }
     }
     __syncwarp();  // corr_w, S and P rows are rewritten next tile
+    if constexpr (kStages == 2) __syncthreads();  // every warp is done with this buffer: refill it
   }
 
   // Epilogue: out = O / l (rounded once), lse = (m + log2 l) ln 2; rows past T are not written.
@@ -359,40 +397,42 @@ void run_simt(const Context& ctx, const TensorView& out, const TensorView& lse, 
   });
 }
 
-// Opts the kernel into its dynamic shared memory once per device (one flag set per <T, D>).
-template <class T, int D> void launch_wmma(const Context& ctx, const Args<T>& p) {
-  auto kernel = &prefill_wmma_kernel<T, D>;
+// Opts the kernel into its dynamic shared memory once per device (one flag set per instance).
+template <class T, int D, int kStages> void launch_wmma(const Context& ctx, const Args<T>& p) {
+  using L = Layout<D, kStages>;
+  auto kernel = &prefill_wmma_kernel<T, D, kStages>;
   static std::atomic<uint64_t> opted{0};
   const int dev = ctx.device.index;
   const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
   if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
     OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(Layout<D>::bytes)));
+                                            int(L::bytes)));
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }
   const dim3 grid(grid_for(p.tokens, kBM), unsigned(p.hq));
-  kernel<<<grid, kTcWarps * 32, Layout<D>::bytes, stream_of(ctx)>>>(p);
+  kernel<<<grid, kTcWarps * 32, L::bytes, stream_of(ctx)>>>(p);
   check_launch("attention_prefill wmma kernel launch");
 }
 
-template <class T>
+template <class T, int kStages>
 void run_wmma_typed(const Context& ctx, const TensorView& out, const TensorView& lse,
                     const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& cu, bool causal, double softmax_scale, int64_t window_left) {
   const Args<T> p = make_args<T>(out, lse, q, k, v, cu, causal, softmax_scale, window_left);
-  if (p.d == 64) launch_wmma<T, 64>(ctx, p);
-  else launch_wmma<T, 128>(ctx, p);
+  if (p.d == 64) launch_wmma<T, 64, kStages>(ctx, p);
+  else launch_wmma<T, 128, kStages>(ctx, p);
 }
 
+template <int kStages>
 void run_wmma(const Context& ctx, const TensorView& out, const TensorView& lse, const TensorView& q,
               const TensorView& k, const TensorView& v, const TensorView& cu, bool causal,
               double softmax_scale, int64_t window_left) {
   if (nothing_to_do(q)) return;
   DeviceGuard guard(ctx.device.index);
   if (q.dtype == DType::bf16)
-    run_wmma_typed<__nv_bfloat16>(ctx, out, lse, q, k, v, cu, causal, softmax_scale, window_left);
+    run_wmma_typed<__nv_bfloat16, kStages>(ctx, out, lse, q, k, v, cu, causal, softmax_scale, window_left);
   else if (q.dtype == DType::f16)
-    run_wmma_typed<__half>(ctx, out, lse, q, k, v, cu, causal, softmax_scale, window_left);
+    run_wmma_typed<__half, kStages>(ctx, out, lse, q, k, v, cu, causal, softmax_scale, window_left);
   else
     throw Error(ErrorCode::internal, std::string("attention_prefill: wmma kernel called with dtype ") +
                                          dtype_name(q.dtype));
@@ -422,13 +462,22 @@ void attention_prefill_cuda_wmma(const Context& ctx, const TensorView& out, cons
                                  const TensorView& q, const TensorView& k, const TensorView& v,
                                  const TensorView& cu_seqlens, bool causal, double softmax_scale,
                                  int64_t window_left) {
-  cuda::attention_prefill::run_wmma(ctx, out, lse, q, k, v, cu_seqlens, causal, softmax_scale, window_left);
+  cuda::attention_prefill::run_wmma<1>(ctx, out, lse, q, k, v, cu_seqlens, causal, softmax_scale, window_left);
 }
 
-const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const TensorView& lse,
-                                                   const TensorView& q, const TensorView& k,
-                                                   const TensorView& v, const TensorView&, bool,
-                                                   double, int64_t) {
+void attention_prefill_cuda_wmma_async(const Context& ctx, const TensorView& out,
+                                       const TensorView& lse, const TensorView& q,
+                                       const TensorView& k, const TensorView& v,
+                                       const TensorView& cu_seqlens, bool causal,
+                                       double softmax_scale, int64_t window_left) {
+  cuda::attention_prefill::run_wmma<2>(ctx, out, lse, q, k, v, cu_seqlens, causal, softmax_scale, window_left);
+}
+
+namespace {
+
+// The tensor-core kernels' predicate; `stages` picks the shared memory they need.
+const char* wmma_applicable(const TensorView& out, const TensorView& lse, const TensorView& q,
+                            const TensorView& k, const TensorView& v, int stages) {
   if (q.dtype != DType::bf16 && q.dtype != DType::f16) return "dtype is not bf16 or f16";
   if (lse.dtype != DType::f32) return "lse is not f32";
   const int64_t d = q.size(2);
@@ -437,15 +486,42 @@ const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const 
   for (const TensorView* t : {&out, &q, &k, &v})
     if (t->numel() > 0)
       if (const char* why = cuda::pack_rows_problem(*t, d)) return why;
-  const size_t need = d == 64 ? cuda::attention_prefill::Layout<64>::bytes
-                              : cuda::attention_prefill::Layout<128>::bytes;
+  using cuda::attention_prefill::Layout;
+  const size_t need = stages == 1 ? (d == 64 ? Layout<64, 1>::bytes : Layout<128, 1>::bytes)
+                                  : (d == 64 ? Layout<64, 2>::bytes : Layout<128, 2>::bytes);
   if (q.numel() > 0 && !q.device.is_cpu() &&
       cuda_device_props(q.device.index).shared_per_block_optin < int64_t(need))
-    return "the device has less than 78 KiB (head_dim 128) or 54 KiB (64) of shared memory a block";
+    return stages == 1 ? "the device has less than 78.25 KiB (head_dim 128) or 54.25 KiB (64) of shared memory a block"
+                       : "the device has less than 112.25 KiB (head_dim 128) or 72.25 KiB (64) of shared memory a block";
   return nullptr;
 }
 
+}  // namespace
+
+const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const TensorView& lse,
+                                                   const TensorView& q, const TensorView& k,
+                                                   const TensorView& v, const TensorView&, bool,
+                                                   double, int64_t) {
+  return wmma_applicable(out, lse, q, k, v, 1);
+}
+
+const char* attention_prefill_cuda_wmma_async_applicable(const TensorView& out,
+                                                         const TensorView& lse, const TensorView& q,
+                                                         const TensorView& k, const TensorView& v,
+                                                         const TensorView&, bool, double, int64_t) {
+  return wmma_applicable(out, lse, q, k, v, 2);
+}
+
 void register_attention_prefill_cuda(Registry& reg) {
+  KernelDesc async = cuda_kernel_desc(
+      "cuda_wmma2", 300,
+      "as cuda_wmma, with two K/V buffers: the next key tile's cp.async copies fly while the "
+      "current one is computed",
+      false);
+  async.dtypes = {DType::f16, DType::bf16};
+  async.properties.batch_invariant = false;
+  reg.add_kernel<AttentionPrefill>(async, &attention_prefill_cuda_wmma_async,
+                                   &attention_prefill_cuda_wmma_async_applicable);
   KernelDesc wmma = cuda_kernel_desc(
       "cuda_wmma", 200,
       "flash-style tiles: 64 query rows x 64-key tiles in shared memory, QK^T and PV on tensor "
