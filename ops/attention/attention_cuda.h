@@ -1,5 +1,14 @@
-// CUDA kernel of the attention family (ops/attention/cuda.cu), declared for registration and for
-// tests that call it directly.
+// CUDA kernels of the attention family (ops/attention/cuda.cu, cuda_prefill.cu), declared for
+// registration and for tests that call them directly.
+//   attention_prefill_cuda_wmma  tensor-core flash-style tiles; predicate: bf16 / f16, head_dim 64
+//                          or 128, 16-byte aligned rows and row strides, enough shared memory
+//   attention_prefill_cuda_wmma_async  (impl cuda_wmma2) the same, double-buffered cp.async K/V
+//   attention_prefill_cuda one warp per (query, head); predicate: f32 / f16 / bf16
+//   attention_prefill_backward_cuda_wmma  (cuda_prefill_backward.cu) tensor-core dq and dk/dv
+//                          tiles; predicate as attention_prefill_cuda_wmma (all of q, k, v, dout,
+//                          dq, dk, dv)
+//   attention_prefill_backward_cuda  (cuda_prefill_backward.cu) warp per query row / key row;
+//                          predicate: f32 / f16 / bf16
 //   attention_decode_cuda  split-K decoding with GQA sharing; predicate: dtype, head_dim <= 256,
 //                          at most 8 query heads per kv head
 #pragma once
@@ -15,6 +24,59 @@ const char* attention_decode_cuda_applicable(const TensorView& out, const Tensor
                                              const TensorView& k_cache, const TensorView& v_cache,
                                              const TensorView& seq_lens, double softmax_scale);
 
-void register_attention_cuda(Registry& reg);
+void attention_prefill_cuda(const Context&, const TensorView& out, const TensorView& lse,
+                            const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& cu_seqlens, bool causal, double softmax_scale,
+                            int64_t window_left);
+const char* attention_prefill_cuda_applicable(const TensorView& out, const TensorView& lse,
+                                              const TensorView& q, const TensorView& k,
+                                              const TensorView& v, const TensorView& cu_seqlens,
+                                              bool causal, double softmax_scale, int64_t window_left);
+void attention_prefill_cuda_wmma(const Context&, const TensorView& out, const TensorView& lse,
+                                 const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& cu_seqlens, bool causal, double softmax_scale,
+                                 int64_t window_left);
+const char* attention_prefill_cuda_wmma_applicable(const TensorView& out, const TensorView& lse,
+                                                   const TensorView& q, const TensorView& k,
+                                                   const TensorView& v, const TensorView& cu_seqlens,
+                                                   bool causal, double softmax_scale,
+                                                   int64_t window_left);
+void attention_prefill_cuda_wmma_async(const Context&, const TensorView& out,
+                                       const TensorView& lse, const TensorView& q,
+                                       const TensorView& k, const TensorView& v,
+                                       const TensorView& cu_seqlens, bool causal,
+                                       double softmax_scale, int64_t window_left);
+const char* attention_prefill_cuda_wmma_async_applicable(
+    const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+    const TensorView& v, const TensorView& cu_seqlens, bool causal, double softmax_scale,
+    int64_t window_left);
+void register_attention_prefill_cuda(Registry& reg);  // cuda_prefill.cu
+
+void attention_prefill_backward_cuda(const Context&, const TensorView& dq, const TensorView& dk,
+                                     const TensorView& dv, const TensorView& dout,
+                                     const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const TensorView& lse,
+                                     const TensorView& cu_seqlens, bool causal,
+                                     double softmax_scale, int64_t window_left);
+const char* attention_prefill_backward_cuda_applicable(
+    const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+    const TensorView& lse, const TensorView& cu_seqlens, bool causal, double softmax_scale,
+    int64_t window_left);
+void attention_prefill_backward_cuda_wmma(const Context&, const TensorView& dq,
+                                          const TensorView& dk, const TensorView& dv,
+                                          const TensorView& dout, const TensorView& q,
+                                          const TensorView& k, const TensorView& v,
+                                          const TensorView& out, const TensorView& lse,
+                                          const TensorView& cu_seqlens, bool causal,
+                                          double softmax_scale, int64_t window_left);
+const char* attention_prefill_backward_cuda_wmma_applicable(
+    const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+    const TensorView& lse, const TensorView& cu_seqlens, bool causal, double softmax_scale,
+    int64_t window_left);
+void register_attention_prefill_backward_cuda(Registry& reg);  // cuda_prefill_backward.cu
+
+void register_attention_cuda(Registry& reg);  // all of the family's CUDA kernels
 
 }  // namespace opforge

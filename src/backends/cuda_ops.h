@@ -15,7 +15,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "gemma_rms_norm",   "gemma_rms_norm_backward",    "gemma_fused_add_rms_norm",
     "gemma_fused_add_rms_norm_backward",                "gelu_and_mul",       "gelu_and_mul_backward",
     "mul_and_silu",     "mul_and_silu_backward",      "fatrelu_and_mul",    "fatrelu_and_mul_backward",
-    "embedding",        "embedding_backward",         "attention_decode",
+    "embedding",        "embedding_backward",         "attention_decode",   "attention_prefill",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
     "layer_norm",       "layer_norm_backward",
@@ -26,6 +26,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "kl_div",           "kl_div_backward",            "jsd",                "jsd_backward",
     "tvd",              "tvd_backward",               "fused_linear_cross_entropy",
     "fused_linear_cross_entropy_backward",
+    "cross_entropy",    "cross_entropy_backward",     "attention_prefill_backward",
 };
 
 }  // namespace opforge
