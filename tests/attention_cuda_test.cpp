@@ -34,6 +34,7 @@ const Context kCpuCtx{};
   do {                                                              \
     Availability a = cuda_availability();                           \
     if (!a.ok) GTEST_SKIP() << "CUDA unavailable: " << a.reason;    \
+    (void)global_registry(); /* installs the device memory hooks */ \
   } while (0)
 
 Tensor random_host(const Shape& shape, DType dtype, uint32_t seed) {

@@ -85,6 +85,23 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
          std::memcmp(a.data(), b.data(), size_t(a.view().numel() * a.view().itemsize())) == 0;
 }
 
+// The bytes that differ (at most 8), with the input element each came from: "" when equal.
+std::string byte_diffs(const Tensor& got, const Tensor& want, const Mat& x) {
+  std::string out;
+  const auto* g = static_cast<const uint8_t*>(got.data());
+  const auto* w = static_cast<const uint8_t*>(want.data());
+  int shown = 0;
+  for (int64_t i = 0; i < want.view().numel() && shown < 8; ++i)
+    if (g[i] != w[i]) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " [%lld] got 0x%02x want 0x%02x (x %g)", static_cast<long long>(i), g[i], w[i],
+                    load_as_double(x.buf.data(), x.dtype, i));
+      out += buf;
+      ++shown;
+    }
+  return out;
+}
+
 // ---- predicates (no GPU needed) -------------------------------------------------------------------
 TEST(CudaEwPredicates, LayerNorm) {
   const auto fwd = cuda_kernel<LayerNorm>("cuda_vec16");
@@ -175,7 +192,7 @@ void check_quant_special(DType t, const char* impl, const std::string& mode) {
     return;  // not this kernel's layout
   k.fn(kGpuCtx, q_got.view_of(dq, kGpu), s_got.view_of(ds, kGpu), x.view_of(dx, kGpu), st_dev, mode, 0);
   const std::string what = std::string(impl) + " " + dtype_name(t) + " " + mode;
-  EXPECT_TRUE(same_bytes(to_host(dq), q_want.buf)) << what << ": q differs from the reference";
+  EXPECT_EQ(byte_diffs(to_host(dq), q_want.buf, x), "") << what << ": q differs from the reference";
   EXPECT_TRUE(same_bytes(to_host(ds), s_want.buf)) << what << ": scale differs from the reference";
 }
 

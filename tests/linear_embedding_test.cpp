@@ -257,8 +257,11 @@ TEST(EmbeddingCpu, BackwardIsDeterministicAcrossThreadCounts) {
 }
 
 TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
-  // Enough tokens for several chunks (Note [flce chunks]) at a vocabulary of 32000.
-  const int64_t tokens = 100, h = 64, vocab = 32000;
+  // Enough tokens for several chunks (Note [flce chunks]) at a vocabulary of 32000: the chunk
+  // follows the cache size of the machine, so the token count follows the chunk.
+  const int64_t h = 64, vocab = 32000;
+  int64_t tokens = 100;
+  while (flce_chunks(tokens, vocab, h).token_rows * 2 > tokens && tokens < 16384) tokens *= 2;
   const FlceChunks chunks = flce_chunks(tokens, vocab, h);
   const int64_t kSlots = cpu::cpu_info().threads;  // one w tile per thread (16-bit)
   ASSERT_LT(chunks.token_rows, tokens) << "the case should span several chunks";

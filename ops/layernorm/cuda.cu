@@ -164,21 +164,33 @@ __global__ void __launch_bounds__(R == 1 ? kFwdMaxThreads : 512, R == 1 ? 1 : 2)
     float mean[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) mean[r] = v[r] / float(a.hidden);
-    // Centred sums of squares, then rstd.
+    // Centred sums of d = x - mean and of d^2. A row far from zero (mean 100, spread 1) loses
+    // the low bits of its f32 sum; sum(d) is that lost part, so mean + sum(d) / n is the
+    // corrected mean and sum(d^2) - sum(d)^2 / n the corrected centred sum of squares.
+    float c[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const bool live = base + int64_t(r) * slots + threadIdx.x / threads < a.rows;
       v[r] = 0.0f;
+      c[r] = 0.0f;
 #pragma unroll
       for (int k = 0; k < K; ++k)
         if (live && t + k * threads < n_packs)
 #pragma unroll
           for (int j = 0; j < N; ++j) {
             const float d = to_f32(xp[r][k].v[j]) - mean[r];
+            c[r] += d;
             v[r] += d * d;
           }
     }
     rows_sum<R>(v, threads, scratch);
+    rows_sum<R>(c, threads, scratch);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float shift = c[r] / float(a.hidden);
+      mean[r] += shift;
+      v[r] = fmaxf(v[r] - c[r] * shift, 0.0f);
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;

@@ -26,7 +26,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "kl_div",           "kl_div_backward",            "jsd",                "jsd_backward",
     "tvd",              "tvd_backward",               "fused_linear_cross_entropy",
     "fused_linear_cross_entropy_backward",
-    "cross_entropy",    "cross_entropy_backward",     "attention_prefill_backward",
+    "attention_prefill_backward",
 };
 
 }  // namespace opforge

@@ -297,6 +297,9 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       harness::PerfExtras extras;
       extras.cost = &cost;
       extras.energy_mj = energy;
+      // 0.12 s of calls between two readings of the cumulative counter (updated every few ms on
+      // Hopper): within a few percent, and the energy run no longer dominates a collection.
+      extras.energy_seconds = 0.12;
       const Case c = case_at(op, job.dims);
       harness::Result r = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
       // Note [short points on a shared CPU]: a descheduled OpenMP thread holds a parallel region
