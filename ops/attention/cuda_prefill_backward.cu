@@ -663,21 +663,10 @@ const char* attention_prefill_backward_cuda_wmma_applicable(
 }
 
 void register_attention_prefill_backward_cuda(Registry& reg) {
-  KernelDesc wmma = cuda_kernel_desc(
-      "cuda_wmma", 200,
-      "flash-style tiles on tensor cores (wmma, f32 accumulate): dq per 64-query tile over key "
-      "tiles, dk/dv per 64-key tile over the GQA group's query tiles; deterministic, no atomics",
-      false);
-  wmma.dtypes = {DType::f16, DType::bf16};
-  wmma.properties.batch_invariant = false;  // tiles start where the tile's rows' ranges start
-  // P and dS enter the tensor-core products rounded to the input dtype (as FlashAttention's
-  // backward does), so each dq / dk element carries a sum of rounding errors of relative size
-  // 2^-8 (bf16) or 2^-11 (f16) over its row's keys: elementwise bounds 2.5x (bf16) and 4x (f16)
-  // the defaults; the aggregate bound (nmse) stays the default one.
-  wmma.tolerances[DType::bf16] = {4e-2, 4e-2, 5e-5};
-  wmma.tolerances[DType::f16] = {8e-3, 8e-3, 1e-6};
-  reg.add_kernel<AttentionPrefillBackward>(wmma, &attention_prefill_backward_cuda_wmma,
-                                           &attention_prefill_backward_cuda_wmma_applicable);
+  // The tensor-core kernel (attention_prefill_backward_cuda_wmma) is not registered: on an H200
+  // (2026-11-26) its dk / dq differed from the reference by far more than rounding, and by a
+  // different amount from run to run (a race between its warps is suspected). The plain kernel
+  // below passes test and grad modes and serves the op until the tensor-core one is mended.
   reg.add_kernel<AttentionPrefillBackward>(
       cuda_kernel_desc("cuda", 100,
                        "warp per query row (dq) and per key row (dk, dv, GQA group summed in the "

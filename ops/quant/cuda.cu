@@ -7,9 +7,9 @@
 // fast-math: the build does not pass -use_fast_math, so `/` is correctly rounded). The narrowing
 // is the hardware's cvt.rn.satfinite.e4m3x2.f32 (cuda_fp8.h's __nv_cvt_float2_to_fp8x2 with
 // __NV_SATFINITE): round to nearest even, subnormals included, and every |v| >= 448, infinities
-// included, saturates to +-448, as Note [fp8 e4m3]. One difference is patched: the hardware
-// writes a NaN as the canonical 0x7f whatever its sign, while the reference keeps the sign
-// (0xff for a negative NaN), so NaN inputs are mapped to sign | 0x7f after the conversion.
+// included, saturates to +-448, as Note [fp8 e4m3]. NaN: the hardware writes the canonical 0x7f
+// and the sign of a NaN made by arithmetic is not portable, so a NaN quotient (x NaN, or x
+// infinite over an infinite scale) becomes x's sign | 0x7f, as the reference defines it.
 //
 // Modes and launches (all on ctx.stream, no host synchronization, no allocation after the first
 // call with a larger grid):
@@ -53,20 +53,22 @@ __device__ __forceinline__ float scale_of(float amax) {
   return s > kMinScale ? s : kMinScale;
 }
 
-// The reference's NaN byte: x's sign with 0x7f; else the hardware's byte.
-__device__ __forceinline__ uint32_t nan_fix(float v, uint32_t byte) {
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x7fffffffu) > 0x7f800000u ? (((u >> 24) & 0x80u) | 0x7fu) : byte;
+// The reference's NaN byte for a NaN quotient v = x * inv: x's sign with 0x7f (the sign of a NaN
+// made by arithmetic is not portable, x's is); else the hardware's byte.
+__device__ __forceinline__ uint32_t nan_fix(float x, float v, uint32_t byte) {
+  return isnan(v) ? (((__float_as_uint(x) >> 24) & 0x80u) | 0x7fu) : byte;
 }
 
-// Two values to two e4m3 bytes: a in the low byte, b in the high byte.
-__device__ __forceinline__ uint32_t to_e4m3x2(float a, float b) {
+// Two values x * inv to two e4m3 bytes: a in the low byte, b in the high byte.
+__device__ __forceinline__ uint32_t to_e4m3x2(float xa, float xb, float inv) {
+  const float a = xa * inv, b = xb * inv;
   const uint32_t pair =
       __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  return nan_fix(a, pair & 0xffu) | (nan_fix(b, (pair >> 8) & 0xffu) << 8);
+  return nan_fix(xa, a, pair & 0xffu) | (nan_fix(xb, b, (pair >> 8) & 0xffu) << 8);
 }
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  return uint8_t(nan_fix(v, __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)));
+__device__ __forceinline__ uint8_t to_e4m3(float x, float inv) {
+  const float v = x * inv;
+  return uint8_t(nan_fix(x, v, __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)));
 }
 
 // max |x| over this thread's part of one column unit.
@@ -91,14 +93,14 @@ __device__ __forceinline__ void unit_quant(const T* x, uint8_t* q, int64_t col, 
     uint32_t w[N / 4];
 #pragma unroll
     for (int k = 0; k < N / 4; ++k) {
-      const uint32_t lo = to_e4m3x2(to_f32(p.v[4 * k]) * inv, to_f32(p.v[4 * k + 1]) * inv);
-      const uint32_t hi = to_e4m3x2(to_f32(p.v[4 * k + 2]) * inv, to_f32(p.v[4 * k + 3]) * inv);
+      const uint32_t lo = to_e4m3x2(to_f32(p.v[4 * k]), to_f32(p.v[4 * k + 1]), inv);
+      const uint32_t hi = to_e4m3x2(to_f32(p.v[4 * k + 2]), to_f32(p.v[4 * k + 3]), inv);
       w[k] = lo | (hi << 16);
     }
     if constexpr (N == 8) *reinterpret_cast<uint2*>(q + col) = make_uint2(w[0], w[1]);
     else *reinterpret_cast<uint32_t*>(q + col) = w[0];
   } else {
-    q[col] = to_e4m3(to_f32(x[col]) * inv);
+    q[col] = to_e4m3(to_f32(x[col]), inv);
   }
 }
 
