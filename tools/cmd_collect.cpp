@@ -18,7 +18,8 @@ void add_collect(CLI::App& app, int& status) {
                  "(resumes an interrupted run)");
   struct Flags {
     std::string system, grid = "quick", device = "cpu", dtype = "bf16", root;
-    std::vector<std::string> impls, ops;
+    std::vector<std::string> impls, ops, models;
+    std::vector<int64_t> tp;
     int samples = 5;
     bool dry_run = false;
   };
@@ -30,6 +31,8 @@ void add_collect(CLI::App& app, int& status) {
   cmd->add_option("--dtype", f->dtype, "dtype of the floating tensors (default bf16)");
   cmd->add_option("--root", f->root, "folder holding <system>/ (default: $OPFORGE_PERF_DATA, else data/perf)");
   cmd->add_option("--impl", f->impls, "only these kernels (default: every non-reference kernel of the device); repeatable");
+  cmd->add_option("--model", f->models, "only the shapes of these grid models (e.g. Llama-3.1-8B); repeatable");
+  cmd->add_option("--tp", f->tp, "only these tensor-parallel degrees; repeatable");
   cmd->add_option("--samples", f->samples, "minimum timed samples per point")->check(CLI::Range(1, 1000));
   cmd->add_flag("--dry-run", f->dry_run, "measure the ceilings and list what would be measured; write nothing");
   cmd->callback([f, &status] {
@@ -43,6 +46,8 @@ void add_collect(CLI::App& app, int& status) {
     o.dtype = dtype_name(parse_dtype(f->dtype));
     o.root = f->root;
     o.impls = f->impls;
+    o.models = f->models;
+    o.tp = f->tp;
     o.ops = f->ops;
     o.dry_run = f->dry_run;
     o.progress = isatty(2);

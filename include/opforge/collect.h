@@ -32,6 +32,11 @@ struct GridCap {
   // prefill lengths the estimator is validated at, 128 and 512).
   std::vector<int64_t> keep_tokens;
   double keep_max_seconds = 0;
+  // Restrictions of the grid (empty: all): model-shaped points of these models only (names as
+  // the grid spells them, e.g. "Llama-3.1-8B"; an unknown name is an Error listing them), and
+  // these TP degrees only.
+  std::vector<std::string> only_models;
+  std::vector<int64_t> only_tp;
 };
 // The caps `opforge collect` uses on a device: CPU 2 s of roofline time (10 s at tokens 128 and
 // 512) and 1.5 GiB of tensors;
@@ -48,6 +53,8 @@ double footprint_bytes(const std::string& op, const std::string& dtype, const Di
 struct CollectOptions {
   std::string system;                // required: data/perf/<system>/
   std::string grid = "quick";        // quick | full
+  std::vector<std::string> models;   // only these models' shapes (GridCap::only_models)
+  std::vector<int64_t> tp;           // only these TP degrees (GridCap::only_tp)
   DeviceKind device = DeviceKind::cpu;
   int device_index = 0;
   std::string dtype = "bf16";

@@ -199,7 +199,12 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   header.ceiling_gflops = sum.ceiling_gflops;
   std::vector<Job> jobs;
   std::set<std::string> done;
-  const GridCap cap = default_cap(opt.device, sum.ceiling_gbps, sum.ceiling_gflops);
+  GridCap cap = default_cap(opt.device, sum.ceiling_gbps, sum.ceiling_gflops);
+  cap.only_models = opt.models;
+  cap.only_tp = opt.tp;
+  GridCap uncapped;
+  uncapped.only_models = opt.models;
+  uncapped.only_tp = opt.tp;
   for (const std::string& op : ops) {
     const OpGrid& g = op_grid(op);
     std::vector<std::string> impls = kernels_for(reg.op(op), opt);
@@ -214,7 +219,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       pts = it->second;
     } else {
       pts = grid_points(op, opt.grid, opt.device, cap, opt.dtype);
-      sum.capped += int(grid_points(op, opt.grid, opt.device, {}, opt.dtype).size() - pts.size());
+      sum.capped += int(grid_points(op, opt.grid, opt.device, uncapped, opt.dtype).size() - pts.size());
     }
     const std::string path = folder + "/" + op + ".csv";
     if (file_exists(path)) {

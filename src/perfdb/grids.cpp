@@ -232,7 +232,29 @@ GridCap default_cap(DeviceKind device, double copy_gbps, double gemm_gflops) {
 std::vector<Dims> grid_points(const std::string& op, const std::string& grid, DeviceKind device,
                               const GridCap& cap, const std::string& dtype) {
   const OpGrid& g = op_grid(op);
-  std::vector<Dims> pts = raw_points(op, spec_for(grid, device));
+  GridSpec spec = spec_for(grid, device);
+  if (!cap.only_models.empty()) {
+    std::vector<const Model*> keep;
+    for (const std::string& name : cap.only_models) {
+      const Model* found = nullptr;
+      for (const Model* m : all_models())
+        if (name == m->name) found = m;
+      if (!found) {
+        std::string names;
+        for (const Model* m : all_models()) names += (names.empty() ? "" : ", ") + std::string(m->name);
+        throw Error(ErrorCode::unknown_name, "collect: unknown model '" + name + "' (grid models: " + names + ")");
+      }
+      if (std::find(spec.models.begin(), spec.models.end(), found) != spec.models.end()) keep.push_back(found);
+    }
+    spec.models = keep;
+  }
+  if (!cap.only_tp.empty()) {
+    std::vector<int64_t> keep;
+    for (int64_t tp : spec.tp)
+      if (std::count(cap.only_tp.begin(), cap.only_tp.end(), tp)) keep.push_back(tp);
+    spec.tp = keep;
+  }
+  std::vector<Dims> pts = raw_points(op, spec);
   auto key = [&](const Dims& d) {
     std::vector<int64_t> k;
     for (const std::string& n : g.dims) k.push_back(d.at(n));
