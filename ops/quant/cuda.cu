@@ -8,8 +8,7 @@
 // is the hardware's cvt.rn.satfinite.e4m3x2.f32 (cuda_fp8.h's __nv_cvt_float2_to_fp8x2 with
 // __NV_SATFINITE): round to nearest even, subnormals included, and every |v| >= 448, infinities
 // included, saturates to +-448, as Note [fp8 e4m3]. NaN: the hardware writes the canonical 0x7f
-// and the sign of a NaN made by arithmetic is not portable, so a NaN quotient (x NaN, or x
-// infinite over an infinite scale) becomes x's sign | 0x7f, as the reference defines it.
+// whatever the sign, which is what the reference defines for a NaN quotient.
 //
 // Modes and launches (all on ctx.stream, no host synchronization, no allocation after the first
 // call with a larger grid):
@@ -53,22 +52,13 @@ __device__ __forceinline__ float scale_of(float amax) {
   return s > kMinScale ? s : kMinScale;
 }
 
-// The reference's NaN byte for a NaN quotient v = x * inv: x's sign with 0x7f (the sign of a NaN
-// made by arithmetic is not portable, x's is); else the hardware's byte.
-__device__ __forceinline__ uint32_t nan_fix(float x, float v, uint32_t byte) {
-  return isnan(v) ? (((__float_as_uint(x) >> 24) & 0x80u) | 0x7fu) : byte;
-}
-
-// Two values x * inv to two e4m3 bytes: a in the low byte, b in the high byte.
+// Two values x * inv to two e4m3 bytes: a in the low byte, b in the high byte. A NaN becomes the
+// canonical 0x7f, as the reference defines it.
 __device__ __forceinline__ uint32_t to_e4m3x2(float xa, float xb, float inv) {
-  const float a = xa * inv, b = xb * inv;
-  const uint32_t pair =
-      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  return nan_fix(xa, a, pair & 0xffu) | (nan_fix(xb, b, (pair >> 8) & 0xffu) << 8);
+  return __nv_cvt_float2_to_fp8x2(make_float2(xa * inv, xb * inv), __NV_SATFINITE, __NV_E4M3);
 }
 __device__ __forceinline__ uint8_t to_e4m3(float x, float inv) {
-  const float v = x * inv;
-  return uint8_t(nan_fix(x, v, __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)));
+  return uint8_t(__nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3));
 }
 
 // max |x| over this thread's part of one column unit.

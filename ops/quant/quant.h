@@ -12,7 +12,7 @@ namespace opforge {
 // Note [fp8 quantization]: all arithmetic is f32, as vLLM's x.float() * (1 / s), so every kernel
 // produces the same bits: amax = max |x| (NaN elements ignored); s = max(amax / 448,
 // 1 / (448 * 512)); inv = 1 / s (one f32 division); q = f8e4m3(x * inv) with Note [fp8 e4m3]
-// (round to nearest even, saturating to +-448, NaN stays NaN, with the sign of x).
+// (round to nearest even, saturating to +-448, a NaN quotient is the canonical NaN byte 0x7f).
 struct QuantFp8 {
   static constexpr const char* name = "quant_fp8";
   using Signature = void(const TensorView& q, const TensorView& scale, const TensorView& x,

@@ -26,10 +26,10 @@ float row_amax(const TensorView& x, int64_t row) {
 void quantize_row(const TensorView& q, const TensorView& x, int64_t row, float inv) {
   auto* out = static_cast<uint8_t*>(q.data) + row * q.row_stride();
   for (int64_t i = 0; i < x.size(-1); ++i) {
-    // A NaN quotient (x NaN, or x infinite with inv 0) is the NaN byte with x's sign: the sign of
-    // a NaN made by arithmetic differs between CPUs and GPUs, x's does not.
-    const float xv = x_at(x, row, i), v = xv * inv;
-    out[i] = std::isnan(v) ? uint8_t((std::signbit(xv) ? 0x80u : 0u) | 0x7fu) : f32_to_f8e4m3(v);
+    // A NaN quotient (x NaN, or x infinite over an infinite scale) is the canonical NaN byte
+    // 0x7f: the sign of a NaN is not kept by every device's conversions, so it carries nothing.
+    const float v = x_at(x, row, i) * inv;
+    out[i] = std::isnan(v) ? uint8_t(0x7fu) : f32_to_f8e4m3(v);
   }
 }
 
