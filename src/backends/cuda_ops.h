@@ -18,6 +18,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "embedding",        "embedding_backward",         "attention_decode",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
     "cross_entropy",    "cross_entropy_backward",
+    "moe_permute",      "moe_unpermute",
 };
 
 }  // namespace opforge
