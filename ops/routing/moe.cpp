@@ -8,10 +8,12 @@
 //    expert_offsets, a second pass hands each pair the next row of its expert (stable: pairs are
 //    visited in increasing p) and writes inv_perm; O(T * k + E) integer work, a few microseconds at
 //    32k tokens x k = 8. The rows (the bulk of the bytes) are then copied with memcpy by OpenMP
-//    tasks of pairs, pairs per task from capacity_block (Note [tiling]): a pure copy.
-//  - unpermute: OpenMP tasks of tokens; per token an f32 accumulator row in L1, each of the k
-//    expert rows widened to f32 with the SIMD converters (backends/cpu/convert.h) and added as
-//    acc += w * row (a loop the compiler vectorizes), then rounded once to the output dtype.
+//    tasks of output rows in order (each gathers its token's x row; stores stay sequential),
+//    rows per task from capacity_block (Note [tiling]): a pure copy.
+//  - unpermute: OpenMP tasks of tokens; per token an f32 accumulator row in L1; each of the k
+//    expert rows is added as acc += w * row in one loop the compiler vectorizes (bf16 widens by a
+//    shift inside it; f16 is widened first with the SIMD converters of backends/cpu/convert.h),
+//    then the row is rounded once to the output dtype (SIMD converters).
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -209,6 +211,9 @@ void moe_permute_cpu(const Context&, const TensorView& permuted, const TensorVie
   const int64_t pairs = p.tokens * p.topk, size = dtype_size(p.dtype);
   const size_t row_bytes = size_t(p.hidden * size);
   if (row_bytes == 0) return;
+  // The token of each output row, so that rows are written in order (sequential stores).
+  std::unique_ptr<int64_t[]> token_of(new int64_t[size_t(pairs)]);
+  for (int64_t i = 0; i < pairs; ++i) token_of[inv_at(p.inv, p.inv_i64, i)] = i / p.topk;
   // Note [tiling]: a task's rows (read + written) fill half of a core's L2.
   cpu::TileSpec spec;
   spec.bytes_per_element = 2 * size;
@@ -217,10 +222,9 @@ void moe_permute_cpu(const Context&, const TensorView& permuted, const TensorVie
   const auto* x_bytes = static_cast<const char*>(p.x);
   auto* out_bytes = static_cast<char*>(p.out);
   cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
-    for (int64_t i = tasks.begin(task); i < tasks.end(task); ++i) {
-      const int64_t row = inv_at(p.inv, p.inv_i64, i), t = i / p.topk;
-      std::memcpy(out_bytes + row * p.out_stride * size, x_bytes + t * p.x_stride * size, row_bytes);
-    }
+    for (int64_t row = tasks.begin(task); row < tasks.end(task); ++row)
+      std::memcpy(out_bytes + row * p.out_stride * size, x_bytes + token_of[row] * p.x_stride * size,
+                  row_bytes);
   });
 }
 
@@ -270,8 +274,17 @@ void moe_unpermute_cpu(const Context&, const TensorView& y, const TensorView& ex
       for (int64_t j = 0; j < p.topk; ++j) {
         const int64_t r = inv_at(p.inv, p.inv_i64, t * p.topk + j);
         const float w = p.weights[t * p.topk + j];
-        widen(p.dtype, in + r * p.in_stride * size, row, H);
-        for (int64_t h = 0; h < H; ++h) acc[h] += w * row[h];
+        const char* src = in + r * p.in_stride * size;
+        if (p.dtype == DType::bf16) {  // widening is a shift: fused into the accumulation
+          const auto* s16 = reinterpret_cast<const uint16_t*>(src);
+          for (int64_t h = 0; h < H; ++h) acc[h] += w * bf16_to_f32(s16[h]);
+        } else if (p.dtype == DType::f32) {
+          const auto* s32 = reinterpret_cast<const float*>(src);
+          for (int64_t h = 0; h < H; ++h) acc[h] += w * s32[h];
+        } else {
+          widen(p.dtype, src, row, H);
+          for (int64_t h = 0; h < H; ++h) acc[h] += w * row[h];
+        }
       }
       narrow(p.dtype, acc, out + t * p.y_stride * size, H);
     }

@@ -89,17 +89,18 @@ struct MoePermute {
                                      {"num_experts", ArgRole::scalar, "8"}};
   static constexpr const char* doc =
       "MoE dispatch permutation (vLLM's moe_permute). x: [T, H] floating (rows may be padded); "
-      "topk_ids: i32 [T, k] contiguous, each in [0, num_experts) (checked on the host; on a CUDA "
-      "device the ids are not read by the check: a pair with an id out of range is placed after "
-      "every expert's pairs, in rows [offsets[E], T * k) in increasing pair order, and counted by "
-      "no expert, so offsets[E] counts the in-range pairs only). permuted: [T * k, H] of x's dtype, row r = x[p / k] for the r-th pair p in "
-      "the stable expert order of Note [moe permutation]; expert_offsets: i64 [E + 1] prefix "
-      "sums of the per-expert counts (offsets[0] = 0); inv_perm: i32 or i64 [T * k], the row of "
-      "permuted holding pair p. Rows are copied bit for bit. Differs from vLLM: one stable, "
-      "deterministic order (vLLM's order within an expert depends on its sort); outputs are "
-      "expert_offsets (E + 1 prefix sums, not vLLM's expert_first_token_offset layout with "
-      "expert-parallel maps) and inv_perm (vLLM's inv_permuted_idx); no expert_map, no "
-      "padding of blocks to an alignment, no m_indices.";
+      "topk_ids: i32 [T, k] contiguous, each in [0, num_experts) (checked on the host; on a "
+      "CUDA device the ids are not read by the check: a pair with an id out of range is placed "
+      "after every expert's pairs, in rows [offsets[E], T * k) in increasing pair order, and "
+      "counted by no expert, so offsets[E] counts the in-range pairs only). permuted: [T * k, "
+      "H] of x's dtype, row r = x[p / k] for the r-th pair p in the stable expert order of Note"
+      " [moe permutation]; expert_offsets: i64 [E + 1] prefix sums of the per-expert counts "
+      "(offsets[0] = 0); inv_perm: i32 or i64 [T * k], the row of permuted holding pair p. Rows"
+      " are copied bit for bit. expert_offsets and inv_perm are vLLM's "
+      "expert_first_token_offset and inv_permuted_idx when every expert is local. Differs from "
+      "vLLM: the order within an expert is fixed (increasing pair index; vLLM leaves it to its "
+      "sort); no a1q_scale, expert_map / n_local_expert, align_block_size or m_indices; any "
+      "hidden size (vLLM asserts rows of a multiple of 16 bytes).";
   static void check(const TensorView& permuted, const TensorView& expert_offsets,
                     const TensorView& inv_perm, const TensorView& x, const TensorView& topk_ids,
                     int64_t num_experts);
