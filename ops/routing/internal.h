@@ -71,6 +71,7 @@ MoePermutePlan moe_permute_plan(const TensorView& permuted, const TensorView& ex
                                 const TensorView& topk_ids, int64_t num_experts);
 MoeUnpermutePlan moe_unpermute_plan(const TensorView& y, const TensorView& expert_out,
                                     const TensorView& inv_perm, const TensorView& topk_weights);
+void moe_unpermute_cpu_run(const MoeUnpermutePlan& p);  // cpu_moe.cpp
 void register_moe(Registry& reg);
 
 }  // namespace opforge

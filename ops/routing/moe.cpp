@@ -10,17 +10,13 @@
 //    32k tokens x k = 8. The rows (the bulk of the bytes) are then copied with memcpy by OpenMP
 //    tasks of output rows in order (each gathers its token's x row; stores stay sequential),
 //    rows per task from capacity_block (Note [tiling]): a pure copy.
-//  - unpermute: OpenMP tasks of tokens; per token an f32 accumulator row in L1; each of the k
-//    expert rows is added as acc += w * row in one loop the compiler vectorizes (bf16 widens by a
-//    shift inside it; f16 is widened first with the SIMD converters of backends/cpu/convert.h),
-//    then the row is rounded once to the output dtype (SIMD converters).
+//  - unpermute: Highway SIMD + OpenMP over tokens, f32 accumulation (cpu_moe.cpp).
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "backends/cpu/convert.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 #include "opforge/checks.h"
@@ -242,53 +238,9 @@ void moe_unpermute_reference(const Context&, const TensorView& y, const TensorVi
     }
 }
 
-// One row of n elements of dtype `t` at `src`, widened to f32 into dst.
-void widen(DType t, const void* src, float* dst, int64_t n) {
-  if (t == DType::bf16) cpu::bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
-  else if (t == DType::f16) cpu::f16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
-  else std::memcpy(dst, src, size_t(n) * sizeof(float));
-}
-void narrow(DType t, const float* src, void* dst, int64_t n) {
-  if (t == DType::bf16) cpu::f32_to_bf16_n(src, static_cast<uint16_t*>(dst), n);
-  else if (t == DType::f16) cpu::f32_to_f16_n(src, static_cast<uint16_t*>(dst), n);
-  else std::memcpy(dst, src, size_t(n) * sizeof(float));
-}
-
 void moe_unpermute_cpu(const Context&, const TensorView& y, const TensorView& expert_out,
                        const TensorView& inv_perm, const TensorView& weights) {
-  const MoeUnpermutePlan p = moe_unpermute_plan(y, expert_out, inv_perm, weights);
-  const int64_t H = p.hidden, size = dtype_size(p.dtype);
-  if (p.tokens == 0 || H == 0) return;
-  // Note [tiling]: a task's k input rows and its output row fill half of a core's L2.
-  cpu::TileSpec spec;
-  spec.bytes_per_element = (p.topk + 1) * size;
-  spec.multiplier = H;
-  const cpu::RowTasks tasks{p.tokens, cpu::capacity_block(spec)};
-  const auto* in = static_cast<const char*>(p.in);
-  auto* out = static_cast<char*>(p.y);
-  cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
-    std::unique_ptr<float[]> buffer(new float[size_t(2 * H)]);
-    float *acc = buffer.get(), *row = acc + H;
-    for (int64_t t = tasks.begin(task); t < tasks.end(task); ++t) {
-      for (int64_t h = 0; h < H; ++h) acc[h] = 0.0f;
-      for (int64_t j = 0; j < p.topk; ++j) {
-        const int64_t r = inv_at(p.inv, p.inv_i64, t * p.topk + j);
-        const float w = p.weights[t * p.topk + j];
-        const char* src = in + r * p.in_stride * size;
-        if (p.dtype == DType::bf16) {  // widening is a shift: fused into the accumulation
-          const auto* s16 = reinterpret_cast<const uint16_t*>(src);
-          for (int64_t h = 0; h < H; ++h) acc[h] += w * bf16_to_f32(s16[h]);
-        } else if (p.dtype == DType::f32) {
-          const auto* s32 = reinterpret_cast<const float*>(src);
-          for (int64_t h = 0; h < H; ++h) acc[h] += w * s32[h];
-        } else {
-          widen(p.dtype, src, row, H);
-          for (int64_t h = 0; h < H; ++h) acc[h] += w * row[h];
-        }
-      }
-      narrow(p.dtype, acc, out + t * p.y_stride * size, H);
-    }
-  });
+  moe_unpermute_cpu_run(moe_unpermute_plan(y, expert_out, inv_perm, weights));
 }
 
 const char* moe_cpu_reason(const TensorView& t) {
