@@ -2,7 +2,9 @@
 // moe_unpermute (moe.cpp: checks, kernels, cases).
 //
 // Greppable chain: op `topk_softmax` -> topk_softmax_reference (reference.cpp), topk_softmax_cpu
-// (cpu.cpp). Cases in cases.cpp, checks / shapes / costs in routing.cpp.
+// (cpu.cpp). Cases in cases.cpp, checks / shapes / costs in routing.cpp. moe_permute /
+// moe_unpermute: moe.cpp (checks, reference, cpu permute, cases), cpu_moe.cpp (cpu unpermute),
+// cuda_moe.cu.
 //
 // Note [routing ties]: experts are ranked by a key, highest first; equal keys rank the lower
 // expert id first (groups likewise by group id), so every kernel picks the same ids. Without a
