@@ -32,7 +32,8 @@
 // moe_unpermute: one block per token (grid y over tokens, capped at 65535 with a stride loop),
 // 256 threads over the row's units (16-byte packs for cuda_vec16, single elements for cuda); each
 // thread sums w[t, j] * expert_out[inv_perm[t * k + j]] for j = 0..k-1 in f32 in that order and
-// rounds once. inv_perm and the weights of the token are read by every thread (L1 broadcasts).
+// rounds once. inv_perm and the weights of the token are read by every thread (L1 broadcasts);
+// the j loop is unrolled by 4 without branches, so up to 4 row loads per thread are in flight.
 // 64-bit offsets throughout. Vec16 predicates: 16-byte aligned bases, hidden and row strides
 // multiples of the pack (8 bf16 / f16, 4 f32), as pack_rows_problem says.
 #include <cub/device/device_scan.cuh>
@@ -197,17 +198,21 @@ __global__ void __launch_bounds__(256) combine_kernel(CombineArgs<T, I, kVec> a)
       float acc[width];
 #pragma unroll
       for (int i = 0; i < width; ++i) acc[i] = 0.0f;
+      // Branch-free so that the unrolled iterations' loads can be in flight together: an
+      // out-of-range row (device ids are not checked) reads row 0 and leaves acc unchanged.
+#pragma unroll 4
       for (int64_t j = 0; j < a.topk; ++j) {
         const int64_t r = int64_t(inv[j]);
-        if (r < 0 || r >= a.pairs) continue;  // out of range (device ids are not checked)
+        const bool ok = r >= 0 && r < a.pairs;
         const float wj = w[j];
-        const T* src = a.in + r * a.in_stride + u * width;
+        const T* src = a.in + (ok ? r : 0) * a.in_stride + u * width;
         if constexpr (kVec) {
           const Pack<T> v = load_pack_readonly(src);
 #pragma unroll
-          for (int i = 0; i < width; ++i) acc[i] += wj * to_f32(v.v[i]);
+          for (int i = 0; i < width; ++i) acc[i] = ok ? acc[i] + wj * to_f32(v.v[i]) : acc[i];
         } else {
-          acc[0] += wj * to_f32(*src);
+          const float v = to_f32(*src);
+          acc[0] = ok ? acc[0] + wj * v : acc[0];
         }
       }
       T* dst = a.y + t * a.y_stride + u * width;
