@@ -29,6 +29,7 @@ Dims tiny(const std::string& op) {
     return {{"batch", 2}, {"context", 5}, {"q_heads", 4}, {"kv_heads", 2}, {"head_dim", 8}};
   if (op == "topk_softmax") return {{"tokens", 3}, {"experts", 8}, {"k", 2}};
   if (op == "embedding") return {{"tokens", 3}, {"vocab", 10}, {"hidden", 8}};
+  if (op == "moe_permute" || op == "moe_unpermute") return {{"tokens", 3}, {"hidden", 8}, {"experts", 4}, {"k", 2}};
   return {{"tokens", 3}, {"hidden", 8}};
 }
 
@@ -42,7 +43,7 @@ harness::Options fast_options() {
 
 TEST(Collect, EveryKnownOpHasACaseThatRuns) {
   const Registry& reg = global_registry();
-  ASSERT_EQ(perfdb::known_ops().size(), 13u);
+  ASSERT_EQ(perfdb::known_ops().size(), 15u);
   int ran = 0;
   for (const perfdb::OpGrid& g : perfdb::known_ops()) {
     SCOPED_TRACE(g.op);
@@ -86,7 +87,7 @@ TEST(Collect, CostAtEqualsTheCostOfTheMaterializedCase) {
       }
     }
   }
-  EXPECT_EQ(compared, 13 * 2 * 2);
+  EXPECT_EQ(compared, 15 * 2 * 2);
 }
 
 TEST(Collect, UnknownOpsAndDimsAreErrors) {

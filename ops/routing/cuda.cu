@@ -424,6 +424,7 @@ void register_routing_cuda(Registry& reg) {
       cuda_kernel_desc("cuda", 100, "one warp per token, redux.sync group and expert rounds, f32",
                        false),
       &grouped_topk_cuda, &grouped_topk_cuda_applicable);
+  register_moe_cuda(reg);
 }
 
 }  // namespace opforge

@@ -42,4 +42,36 @@ const char* routing_cpu_dtype_reason(const TensorView& gating_output);
 std::vector<Case> topk_softmax_cases();
 std::vector<Case> grouped_topk_cases();
 
+// moe_permute / moe_unpermute (moe.cpp; strides in elements, 0 for a single row).
+struct MoePermutePlan {
+  DType dtype = DType::f32;
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  int64_t tokens = 0, hidden = 0, topk = 0, experts = 0;
+  const int32_t* ids = nullptr;  // [tokens * topk], contiguous
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  int64_t* offsets = nullptr;  // [experts + 1]
+  void* inv = nullptr;         // [tokens * topk], i32 or i64
+  bool inv_i64 = false;
+};
+struct MoeUnpermutePlan {
+  DType dtype = DType::f32;
+  const void* in = nullptr;
+  int64_t in_stride = 0;
+  int64_t tokens = 0, topk = 0, hidden = 0;
+  const void* inv = nullptr;
+  bool inv_i64 = false;
+  const float* weights = nullptr;  // [tokens, topk], contiguous
+  void* y = nullptr;
+  int64_t y_stride = 0;
+};
+MoePermutePlan moe_permute_plan(const TensorView& permuted, const TensorView& expert_offsets,
+                                const TensorView& inv_perm, const TensorView& x,
+                                const TensorView& topk_ids, int64_t num_experts);
+MoeUnpermutePlan moe_unpermute_plan(const TensorView& y, const TensorView& expert_out,
+                                    const TensorView& inv_perm, const TensorView& topk_weights);
+void moe_unpermute_cpu_run(const MoeUnpermutePlan& p);  // cpu_moe.cpp
+void register_moe(Registry& reg);
+
 }  // namespace opforge

@@ -194,6 +194,7 @@ void register_routing(Registry& reg) {
   reg.add_kernel<GroupedTopk>(reference_kernel_desc(ref_summary), &grouped_topk_reference);
   reg.add_kernel<GroupedTopk>(cpu_kernel_desc(cpu_summary), &grouped_topk_cpu,
                               &grouped_topk_cpu_applicable);
+  register_moe(reg);
 }
 
 }  // namespace opforge

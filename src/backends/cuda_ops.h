@@ -27,6 +27,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "tvd",              "tvd_backward",               "fused_linear_cross_entropy",
     "fused_linear_cross_entropy_backward",
     "attention_prefill_backward",
+    "moe_permute",      "moe_unpermute",
 };
 
 }  // namespace opforge

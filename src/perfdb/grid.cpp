@@ -14,6 +14,9 @@
 //     every seq_lens = context.
 //   topk_softmax: gating_output [tokens, experts], topk = k, renormalize.
 //   embedding: ids in [0, vocab), W [vocab, hidden].
+//   moe_permute: x [tokens, hidden], topk_ids i32 [tokens, k] uniform in [0, experts).
+//   moe_unpermute: expert_out [tokens * k, hidden], inv_perm i32 [tokens * k] uniform in
+//     [0, tokens * k) (random rows, like a permutation's gather), topk_weights f32 [tokens, k].
 // Floating inputs cycle through 251 values spread over [-1, 1) (weights of linear scaled by
 // 1 / sqrt(k); norm weights U(0.5, 1.5)): the values do not matter to the timing, and a cycled list
 // is the cheapest fill to generate for tensors of a billion elements.
@@ -141,6 +144,8 @@ const std::vector<OpGrid>& known_ops() {
       {"attention_decode", {"batch", "context", "q_heads", "kv_heads", "head_dim"}, {"batch", "context"}},
       {"topk_softmax", {"tokens", "experts", "k"}, {"tokens"}},
       {"embedding", {"tokens", "vocab", "hidden"}, {"tokens"}},
+      {"moe_permute", {"tokens", "hidden", "experts", "k"}, {"tokens"}},
+      {"moe_unpermute", {"tokens", "hidden", "experts", "k"}, {"tokens"}},
   };
   return ops;
 }
@@ -204,6 +209,17 @@ Case case_at(const std::string& op, const Dims& dims) {
   } else if (op == "embedding") {
     add(c, "ids", integers(Shape{d("tokens")}, 0, double(d("vocab")), DType::i32));
     add(c, "w", floating(Shape{d("vocab"), d("hidden")}));
+  } else if (op == "moe_permute") {
+    add(c, "x", floating(Shape{d("tokens"), d("hidden")}));
+    add(c, "topk_ids", integers(Shape{d("tokens"), d("k")}, 0, double(d("experts")), DType::i32));
+    add(c, "num_experts", Value(d("experts")));
+  } else if (op == "moe_unpermute") {
+    const int64_t pairs = d("tokens") * d("k");
+    add(c, "expert_out", floating(Shape{pairs, d("hidden")}));
+    add(c, "inv_perm", integers(Shape{pairs}, 0, double(std::max<int64_t>(pairs, 1)), DType::i32));
+    TensorInit w = integers(Shape{d("tokens"), d("k")}, 0, 1, DType::f32);
+    w.fill = Fill::uniform;
+    add(c, "topk_weights", w);
   } else {
     throw Error(ErrorCode::internal, "perfdb: case_at has no case for known op '" + op + "'");
   }

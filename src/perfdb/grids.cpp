@@ -203,6 +203,10 @@ std::vector<Dims> raw_points(const std::string& op, const GridSpec& s) {
   } else if (op == "topk_softmax") {
     for (const Model* m : s.models)
       if (m->experts) over_tokens(s.tokens, {{"experts", m->experts}, {"k", m->topk}});
+  } else if (op == "moe_permute" || op == "moe_unpermute") {
+    for (const Model* m : s.models)
+      if (m->experts)
+        over_tokens(s.tokens, {{"hidden", m->hidden}, {"experts", m->experts}, {"k", m->topk}});
   } else if (op == "embedding") {
     for (const Shard& x : sh) over_tokens(s.tokens, {{"vocab", x.vocab()}, {"hidden", x.m->hidden}});
   } else {

@@ -1,0 +1,321 @@
+// CUDA kernels of moe_permute and moe_unpermute (routing.h, Note [moe permutation]).
+//
+// Ids and inv_perm entries on the device are not range-checked by the ops' checks (reading them
+// would synchronize with the host). The kernels never read or write out of bounds for them:
+// moe_permute sorts a pair whose id is outside [0, E) into an extra bucket E after every expert
+// (rows [offsets[E], T * k), increasing pair order; offsets[E] then counts the in-range pairs);
+// moe_unpermute skips an inv_perm entry outside [0, T * k) (it contributes nothing).
+//
+// moe_permute: a stable counting sort whose result is a function of the ids alone (no atomics
+// whose order could show): the pairs p = t * k + j are cut into C chunks of `chunk` pairs
+// (chunk a multiple of 32, at least 1024, C <= 65536), B = E + 1 buckets.
+//   1. count_kernel, one 256-thread block per chunk: per-bucket counts of the chunk in shared
+//      memory (shared atomics on integers: the totals do not depend on their order), written
+//      bucket-major to counts[b * C + c].
+//   2. cub::DeviceScan::ExclusiveSum over the B * C counts in that bucket-major order: bases[b * C
+//      + c] = the first row of bucket b's pairs of chunk c (all pairs of lower buckets, then those
+//      of bucket b in lower chunks). Integer sums: exact and deterministic.
+//   3. rank_kernel, one warp per chunk: the chunk's bases go to shared memory; the warp walks its
+//      pairs 32 at a time in increasing p, __match_any_sync groups the lanes of equal bucket, a
+//      lane's row is its bucket's cursor + the number of lower lanes in its group, and the group's
+//      highest lane advances the cursor by the group's size. So the row of p is the bucket start
+//      + the number of earlier pairs of its bucket: the stable order. inv_perm[p] = row; chunk 0
+//      also writes expert_offsets[b] = bases[b * C] for b = 0..E.
+//   4. copy_kernel: the rows. 2-D blocks of 256 threads, x over the row's units (16-byte packs
+//      for cuda_vec16, single elements for cuda), y over pairs (grid y capped at 65535 with a pair
+//      stride loop); row inv_perm[p] of permuted = row p / k of x, so a token's k copies read the
+//      same x row back to back (L2 hits).
+//   Scratch (counts, bases, CUB's temporary storage) is the per-stream workspace (Note [cuda
+//   workspace]); no allocation after the first call of a size, no host synchronization. Buckets
+//   <= 4096 (32 KiB of shared cursors): the predicate says "more than 4095 experts".
+//
+// moe_unpermute: one block per token (grid y over tokens, capped at 65535 with a stride loop),
+// 256 threads over the row's units (16-byte packs for cuda_vec16, single elements for cuda); each
+// thread sums w[t, j] * expert_out[inv_perm[t * k + j]] for j = 0..k-1 in f32 in that order and
+// rounds once. inv_perm and the weights of the token are read by every thread (L1 broadcasts);
+// the j loop is unrolled by 4 without branches, so up to 4 row loads per thread are in flight.
+// 64-bit offsets throughout. Vec16 predicates: 16-byte aligned bases, hidden and row strides
+// multiples of the pack (8 bf16 / f16, 4 f32), as pack_rows_problem says.
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/routing/internal.h"
+#include "ops/routing/routing_cuda.h"
+
+namespace opforge {
+namespace cuda::moe {
+namespace {
+
+constexpr int64_t kMaxBuckets = 4096;
+
+int64_t align_up(int64_t n) { return (n + 255) / 256 * 256; }
+
+// ---- moe_permute: the counting sort --------------------------------------------------------------
+__device__ __forceinline__ int bucket_of(int32_t id, int experts) {
+  return id >= 0 && id < experts ? int(id) : experts;  // out of range: the extra bucket E
+}
+
+__global__ void __launch_bounds__(256) count_kernel(const int32_t* ids, int64_t pairs, int64_t chunk,
+                                                    int experts, int64_t chunks, int64_t* counts) {
+  extern __shared__ int shared_counts[];
+  const int buckets = experts + 1;
+  for (int b = threadIdx.x; b < buckets; b += blockDim.x) shared_counts[b] = 0;
+  __syncthreads();
+  const int64_t c = blockIdx.x, begin = c * chunk, end = min(pairs, begin + chunk);
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x)
+    atomicAdd(&shared_counts[bucket_of(ids[p], experts)], 1);
+  __syncthreads();
+  for (int b = threadIdx.x; b < buckets; b += blockDim.x) counts[int64_t(b) * chunks + c] = shared_counts[b];
+}
+
+template <class I>
+__global__ void __launch_bounds__(32) rank_kernel(const int32_t* ids, int64_t pairs, int64_t chunk,
+                                                  int experts, int64_t chunks, const int64_t* bases,
+                                                  I* inv, int64_t* offsets) {
+  extern __shared__ int64_t cursor[];
+  const int buckets = experts + 1, lane = threadIdx.x;
+  const int64_t c = blockIdx.x;
+  for (int b = lane; b < buckets; b += 32) {
+    cursor[b] = bases[int64_t(b) * chunks + c];
+    if (c == 0) offsets[b] = cursor[b];  // bucket starts: expert_offsets[0..E]
+  }
+  __syncwarp();
+  const unsigned lower = (1u << lane) - 1u;
+  const int64_t begin = c * chunk, end = min(pairs, begin + chunk);
+  for (int64_t base = begin; base < end; base += 32) {  // uniform over the warp
+    const int64_t p = base + lane;
+    const bool valid = p < end;
+    const int b = valid ? bucket_of(ids[p], experts) : buckets;  // buckets: no bucket
+    const unsigned group = __match_any_sync(0xffffffffu, b);
+    const int64_t row = valid ? cursor[b] + __popc(group & lower) : 0;
+    __syncwarp();
+    if (valid) {
+      inv[p] = I(row);
+      if ((group >> lane) == 1u) cursor[b] += __popc(group);  // the group's highest lane
+    }
+    __syncwarp();
+  }
+}
+
+template <class T, class I, bool kVec> struct CopyArgs {
+  T* out;
+  const T* x;
+  const I* inv;
+  int64_t out_stride, x_stride, pairs, topk, hidden;
+};
+
+template <class T, class I, bool kVec> __global__ void __launch_bounds__(256) copy_kernel(CopyArgs<T, I, kVec> a) {
+  constexpr int64_t width = kVec ? Pack<T>::n : 1;
+  const int64_t units = a.hidden / width;
+  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= units) return;
+  const int64_t step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t p = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; p < a.pairs; p += step) {
+    const int64_t row = int64_t(a.inv[p]), t = p / a.topk;
+    T* dst = a.out + row * a.out_stride + u * width;
+    const T* src = a.x + t * a.x_stride + u * width;
+    if constexpr (kVec) store_pack(dst, load_pack_readonly(src));
+    else *dst = *src;
+  }
+}
+
+// 2-D block of 256 threads: x over a row's units (a power of two up to 256), y over rows.
+dim3 rows_block(int64_t units) {
+  int bx = 1;
+  while (bx < units && bx < 256) bx *= 2;
+  return dim3(unsigned(bx), unsigned(256 / bx));
+}
+
+template <bool kVec>
+void run_permute(const Context& ctx, const TensorView& permuted, const TensorView& offsets,
+                 const TensorView& inv_perm, const TensorView& x, const TensorView& ids,
+                 int64_t num_experts) {
+  const MoePermutePlan p = moe_permute_plan(permuted, offsets, inv_perm, x, ids, num_experts);
+  DeviceGuard guard(ctx.device.index);
+  cudaStream_t stream = stream_of(ctx);
+  const int64_t pairs = p.tokens * p.topk, buckets = p.experts + 1;
+  if (pairs == 0) {
+    OPFORGE_CUDA_CHECK(cudaMemsetAsync(p.offsets, 0, size_t(buckets) * sizeof(int64_t), stream));
+    return;
+  }
+  int64_t chunk = std::max<int64_t>(1024, (pairs + 65535) / 65536);
+  chunk = (chunk + 31) / 32 * 32;
+  const int64_t chunks = (pairs + chunk - 1) / chunk, n = buckets * chunks;
+  size_t cub_bytes = 0;
+  OPFORGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, static_cast<const int64_t*>(nullptr),
+                                                   static_cast<int64_t*>(nullptr), int(n), stream));
+  const int64_t part = align_up(n * int64_t(sizeof(int64_t)));
+  char* scratch = static_cast<char*>(cuda_workspace(ctx, 2 * part + int64_t(cub_bytes)));
+  auto* counts = reinterpret_cast<int64_t*>(scratch);
+  auto* bases = reinterpret_cast<int64_t*>(scratch + part);
+  count_kernel<<<unsigned(chunks), 256, size_t(buckets) * sizeof(int), stream>>>(
+      p.ids, pairs, chunk, int(p.experts), chunks, counts);
+  check_launch("moe_permute count kernel launch");
+  OPFORGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scratch + 2 * part, cub_bytes, counts, bases, int(n), stream));
+
+  auto rest = [&](auto inv_tag) {
+    using I = decltype(inv_tag);
+    I* inv = static_cast<I*>(p.inv);
+    rank_kernel<I><<<unsigned(chunks), 32, size_t(buckets) * sizeof(int64_t), stream>>>(
+        p.ids, pairs, chunk, int(p.experts), chunks, bases, inv, p.offsets);
+    check_launch("moe_permute rank kernel launch");
+    if (p.hidden == 0) return;
+    dispatch_float(p.dtype, "moe_permute", [&](auto tag) {
+      using T = decltype(tag);
+      CopyArgs<T, I, kVec> a{static_cast<T*>(p.out), static_cast<const T*>(p.x), inv, p.out_stride,
+                             p.x_stride, pairs, p.topk, p.hidden};
+      const int64_t units = p.hidden / (kVec ? Pack<T>::n : 1);
+      const dim3 block = rows_block(units);
+      const dim3 grid(unsigned((units + block.x - 1) / block.x),
+                      unsigned(std::min<int64_t>((pairs + block.y - 1) / block.y, 65535)));
+      copy_kernel<T, I, kVec><<<grid, block, 0, stream>>>(a);
+      check_launch("moe_permute copy kernel launch");
+    });
+  };
+  if (p.inv_i64) rest(int64_t{});
+  else rest(int32_t{});
+}
+
+// ---- moe_unpermute -------------------------------------------------------------------------------
+template <class T, class I, bool kVec> struct CombineArgs {
+  T* y;
+  const T* in;
+  const I* inv;
+  const float* weights;
+  int64_t y_stride, in_stride, tokens, topk, hidden, pairs;
+};
+
+template <class T, class I, bool kVec>
+__global__ void __launch_bounds__(256) combine_kernel(CombineArgs<T, I, kVec> a) {
+  constexpr int width = kVec ? Pack<T>::n : 1;
+  const int64_t units = a.hidden / width;
+  for (int64_t t = blockIdx.y; t < a.tokens; t += gridDim.y) {
+    const I* inv = a.inv + t * a.topk;
+    const float* w = a.weights + t * a.topk;
+    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
+      float acc[width];
+#pragma unroll
+      for (int i = 0; i < width; ++i) acc[i] = 0.0f;
+      // Branch-free so that the unrolled iterations' loads can be in flight together: an
+      // out-of-range row (device ids are not checked) reads row 0 and leaves acc unchanged.
+#pragma unroll 4
+      for (int64_t j = 0; j < a.topk; ++j) {
+        const int64_t r = int64_t(inv[j]);
+        const bool ok = r >= 0 && r < a.pairs;
+        const float wj = w[j];
+        const T* src = a.in + (ok ? r : 0) * a.in_stride + u * width;
+        if constexpr (kVec) {
+          const Pack<T> v = load_pack_readonly(src);
+#pragma unroll
+          for (int i = 0; i < width; ++i) acc[i] = ok ? acc[i] + wj * to_f32(v.v[i]) : acc[i];
+        } else {
+          const float v = to_f32(*src);
+          acc[0] = ok ? acc[0] + wj * v : acc[0];
+        }
+      }
+      T* dst = a.y + t * a.y_stride + u * width;
+      if constexpr (kVec) {
+        Pack<T> out;
+#pragma unroll
+        for (int i = 0; i < width; ++i) out.v[i] = from_f32<T>(acc[i]);
+        store_pack(dst, out);
+      } else {
+        *dst = from_f32<T>(acc[0]);
+      }
+    }
+  }
+}
+
+template <bool kVec>
+void run_unpermute(const Context& ctx, const TensorView& y, const TensorView& expert_out,
+                   const TensorView& inv_perm, const TensorView& weights) {
+  const MoeUnpermutePlan p = moe_unpermute_plan(y, expert_out, inv_perm, weights);
+  if (p.tokens == 0 || p.hidden == 0) return;
+  DeviceGuard guard(ctx.device.index);
+  cudaStream_t stream = stream_of(ctx);
+  dispatch_float(p.dtype, "moe_unpermute", [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto inv_tag) {
+      using I = decltype(inv_tag);
+      CombineArgs<T, I, kVec> a{static_cast<T*>(p.y), static_cast<const T*>(p.in),
+                                static_cast<const I*>(p.inv), p.weights, p.y_stride, p.in_stride,
+                                p.tokens, p.topk, p.hidden, p.tokens * p.topk};
+      const int64_t units = p.hidden / (kVec ? Pack<T>::n : 1);
+      const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (units + 31) / 32 * 32)));
+      const dim3 grid(unsigned((units + threads - 1) / threads), unsigned(std::min<int64_t>(p.tokens, 65535)));
+      combine_kernel<T, I, kVec><<<grid, threads, 0, stream>>>(a);
+      check_launch("moe_unpermute kernel launch");
+    };
+    if (p.inv_i64) launch(int64_t{});
+    else launch(int32_t{});
+  });
+}
+
+const char* permute_problem(const TensorView& x, const TensorView& ids, int64_t num_experts) {
+  if (!is_cuda_float(x.dtype)) return kNotCudaFloat;
+  if (num_experts + 1 > kMaxBuckets) return "more than 4095 experts";
+  if (ids.numel() > 0x7fffffff) return "more than 2^31 - 1 pairs";
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cuda::moe
+
+using TV = TensorView;
+
+void moe_permute_cuda(const Context& ctx, const TV& permuted, const TV& offsets, const TV& inv,
+                      const TV& x, const TV& ids, int64_t num_experts) {
+  cuda::moe::run_permute<false>(ctx, permuted, offsets, inv, x, ids, num_experts);
+}
+const char* moe_permute_cuda_applicable(const TV&, const TV&, const TV&, const TV& x, const TV& ids,
+                                        int64_t num_experts) {
+  return cuda::moe::permute_problem(x, ids, num_experts);
+}
+void moe_permute_cuda_vec16(const Context& ctx, const TV& permuted, const TV& offsets, const TV& inv,
+                            const TV& x, const TV& ids, int64_t num_experts) {
+  cuda::moe::run_permute<true>(ctx, permuted, offsets, inv, x, ids, num_experts);
+}
+const char* moe_permute_cuda_vec16_applicable(const TV& permuted, const TV&, const TV&, const TV& x,
+                                              const TV& ids, int64_t num_experts) {
+  if (const char* why = cuda::moe::permute_problem(x, ids, num_experts)) return why;
+  const int64_t hidden = x.ndim == 2 ? x.size(1) : 0;
+  if (const char* why = cuda::pack_rows_problem(x, hidden)) return why;
+  return cuda::pack_rows_problem(permuted, hidden);
+}
+
+void moe_unpermute_cuda(const Context& ctx, const TV& y, const TV& expert_out, const TV& inv,
+                        const TV& weights) {
+  cuda::moe::run_unpermute<false>(ctx, y, expert_out, inv, weights);
+}
+const char* moe_unpermute_cuda_applicable(const TV&, const TV& expert_out, const TV&, const TV&) {
+  return cuda::is_cuda_float(expert_out.dtype) ? nullptr : cuda::kNotCudaFloat;
+}
+void moe_unpermute_cuda_vec16(const Context& ctx, const TV& y, const TV& expert_out, const TV& inv,
+                              const TV& weights) {
+  cuda::moe::run_unpermute<true>(ctx, y, expert_out, inv, weights);
+}
+const char* moe_unpermute_cuda_vec16_applicable(const TV& y, const TV& expert_out, const TV&, const TV&) {
+  if (!cuda::is_cuda_float(expert_out.dtype)) return cuda::kNotCudaFloat;
+  const int64_t hidden = expert_out.ndim == 2 ? expert_out.size(1) : 0;
+  if (const char* why = cuda::pack_rows_problem(expert_out, hidden)) return why;
+  return cuda::pack_rows_problem(y, hidden);
+}
+
+void register_moe_cuda(Registry& reg) {
+  reg.add_kernel<MoePermute>(
+      cuda_kernel_desc("cuda_vec16", 200, "stable counting sort (chunk counts, CUB scan, warp ranks), 16-byte row copies", false),
+      &moe_permute_cuda_vec16, &moe_permute_cuda_vec16_applicable);
+  reg.add_kernel<MoePermute>(
+      cuda_kernel_desc("cuda", 100, "stable counting sort (chunk counts, CUB scan, warp ranks), element row copies", false),
+      &moe_permute_cuda, &moe_permute_cuda_applicable);
+  reg.add_kernel<MoeUnpermute>(
+      cuda_kernel_desc("cuda_vec16", 200, "one block per token, 16-byte loads, f32 weighted sum in j order", false),
+      &moe_unpermute_cuda_vec16, &moe_unpermute_cuda_vec16_applicable);
+  reg.add_kernel<MoeUnpermute>(
+      cuda_kernel_desc("cuda", 100, "one block per token, element loads, f32 weighted sum in j order", false),
+      &moe_unpermute_cuda, &moe_unpermute_cuda_applicable);
+}
+
+}  // namespace opforge
