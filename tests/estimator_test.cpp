@@ -54,6 +54,8 @@ const std::map<std::string, std::vector<std::string>>& dim_order() {
       {"attention_prefill", {"batch", "tokens", "q_heads", "kv_heads", "head_dim"}},
       {"attention_decode", {"batch", "context", "q_heads", "kv_heads", "head_dim"}},
       {"topk_softmax", {"tokens", "experts", "k"}},
+      {"moe_permute", {"tokens", "hidden", "experts", "k"}},
+      {"moe_unpermute", {"tokens", "hidden", "experts", "k"}},
       {"embedding", {"tokens", "vocab", "hidden"}},
       {"all_reduce", {"message_bytes", "tp"}},
   };
@@ -276,7 +278,10 @@ TEST(DecoderLayer, Qwen3MoeExpertsAtExpectedLoad) {
   EXPECT_EQ(find(p, "expert_gate_up").dims.at("tokens"), 2048 * 8 / 128);
   EXPECT_EQ(find(p, "expert_act").dims, (perfdb::Dims{{"tokens", 2048 * 8}, {"d", 768}}));
   EXPECT_EQ(find(p, "topk_softmax").dims, (perfdb::Dims{{"tokens", 2048}, {"experts", 128}, {"k", 8}}));
-  EXPECT_GT(find(p, "moe_combine").modelled_bytes, 0);
+  const perfdb::Dims routing{{"tokens", 2048}, {"hidden", 2048}, {"experts", 128}, {"k", 8}};
+  EXPECT_EQ(find(p, "moe_permute").dims, routing);
+  EXPECT_EQ(find(p, "moe_unpermute").dims, routing);
+  EXPECT_EQ(find(p, "moe_unpermute").op, "moe_unpermute");
 }
 
 TEST(Estimator, SumsTheSyntheticDatabaseExactly) {
@@ -416,9 +421,13 @@ TEST(Estimator, JsonHasTheFields) {
     EXPECT_TRUE(row.contains(k)) << k;
   EXPECT_TRUE(j["decode"].contains("layer_us"));
   EXPECT_TRUE(j["decode"].contains("head_us"));
-  bool combine = false;
-  for (const auto& r : j["prefill"]["layer"]) combine |= r["name"] == "moe_combine" && r["method"] == "modelled";
+  bool combine = false, split = false;
+  for (const auto& r : j["prefill"]["layer"]) {
+    combine |= r["name"] == "moe_unpermute" && r["method"] == "measured";
+    split |= r["name"] == "qkv_split" && r["method"] == "modelled";
+  }
   EXPECT_TRUE(combine);
+  EXPECT_TRUE(split);
 }
 
 TEST(RunLayer, TinyDenseAndMoeLayersRunOnCpu) {
@@ -438,7 +447,8 @@ TEST(RunLayer, TinyDenseAndMoeLayersRunOnCpu) {
       // Every call of the estimator's layer has a measured row of the same name.
       for (const OpCall& c : decoder_layer(m, w)) EXPECT_TRUE(seen.count(c.name)) << c.name;
       if (m.is_moe()) {
-        EXPECT_TRUE(seen.count("moe_combine"));
+        EXPECT_TRUE(seen.count("moe_permute"));
+        EXPECT_TRUE(seen.count("moe_unpermute"));
       }
       SyntheticDb db;
       db.add(decoder_layer(m, w));

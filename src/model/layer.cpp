@@ -65,11 +65,11 @@ void dense_mlp(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s
 // routing the expected number of distinct experts hit is E(1 - (1 - k/E)^T); each runs its two
 // GEMMs at ceil(T*k / active) rows. When T*k >= E many times over this is E experts at
 // ceil(T*k/E) rows; at small batches it counts only the experts that run (decode at batch 1 runs
-// k experts, not E). The activation runs once over all T*k rows. Gather and combine are not ops
-// in opforge: they are modelled from their bytes at the copy ceiling (run-layer times the same
-// host loops, so predicted and measured compare like with like).
+// k experts, not E). The activation runs once over all T*k rows. moe_permute groups the T*k rows by
+// expert before the expert GEMMs and moe_unpermute sums each token's k rows after them, as
+// run-layer runs them.
 void moe_block(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s, const Workload& w, int64_t T) {
-  const int64_t E = m.experts, k = m.experts_per_token, H = m.hidden, es = element_size(w);
+  const int64_t E = m.experts, k = m.experts_per_token, H = m.hidden;
   const int64_t pairs = T * k;
   const int64_t active = expected_active_experts(E, k, T);
   const int64_t rows = (pairs + active - 1) / active;
@@ -78,13 +78,13 @@ void moe_block(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s
   calls.push_back(call("router", "linear", {{"tokens", T}, {"n", E}, {"k", H}}));
   calls.push_back(call("topk_softmax", "topk_softmax", {{"tokens", T}, {"experts", E}, {"k", k}}, 1,
                        m.norm_topk_prob ? "renormalize" : ""));
-  calls.push_back(modelled("moe_gather", 2.0 * double(pairs * H * es), "copy of T*k token rows, grouped by expert"));
+  const perfdb::Dims routing{{"tokens", T}, {"hidden", H}, {"experts", E}, {"k", k}};
+  calls.push_back(call("moe_permute", "moe_permute", routing));
   calls.push_back(call("expert_gate_up", "linear", {{"tokens", rows}, {"n", 2 * s.moe_intermediate}, {"k", H}},
                        active, note));
   calls.push_back(call("expert_act", "silu_and_mul", {{"tokens", pairs}, {"d", s.moe_intermediate}}));
   calls.push_back(call("expert_down", "linear", {{"tokens", rows}, {"n", H}, {"k", s.moe_intermediate}}, active, note));
-  calls.push_back(modelled("moe_combine", double(pairs * H * es + T * H * es + pairs * 4),
-                           "weighted sum of the k expert rows of each token"));
+  calls.push_back(call("moe_unpermute", "moe_unpermute", routing));
 }
 
 }  // namespace
@@ -218,6 +218,8 @@ std::string dims_str(const perfdb::Dims& dims, const std::string& op) {
       {"attention_prefill", {"batch", "tokens", "q_heads", "kv_heads", "head_dim"}},
       {"attention_decode", {"batch", "context", "q_heads", "kv_heads", "head_dim"}},
       {"topk_softmax", {"tokens", "experts", "k"}},
+      {"moe_permute", {"tokens", "hidden", "experts", "k"}},
+      {"moe_unpermute", {"tokens", "hidden", "experts", "k"}},
       {"embedding", {"tokens", "vocab", "hidden"}},
       {"all_reduce", {"message_bytes", "tp"}},
       {"silu_and_mul", {"tokens", "d"}},

@@ -7,9 +7,10 @@
 // database (device time of graph replays) does not hold; there the layer is timed again as a
 // whole through the device timer: the repetitions captured in one CUDA graph and replayed between
 // events ("device graph"), or events around plain calls when a step cannot be captured ("device
-// events", e.g. a host-staged step). A step that still runs as a host loop on a GPU (the MoE gather
-// and combine) copies through the host; its run is flagged host_staged and is not a validation. Weights are uniform in
-// +-1/sqrt(fan_in), activations in +-1, so no value grows to inf or denormal over repetitions.
+// events", e.g. a host-staged step). A step that runs as a host loop on a GPU (the qkv split on a
+// device without a strided copy) copies through the host; its run is flagged host_staged and is
+// not a validation. Weights are uniform in +-1/sqrt(fan_in), activations in +-1, so no value
+// grows to inf or denormal over repetitions.
 #include "model/run_layer.h"
 
 #include <algorithm>
@@ -214,7 +215,8 @@ class Layer {
   Tensor x_, residual_, h_, res2_, qkv_, q_, k_, v_, qn_, kn_, positions_, cos_sin_, attn_out_, lse_, cu_seqlens_;
   Tensor k_cache_, v_cache_, seq_lens_, attn_proj_, o2_, h2_, res3_, gu_, a_, mlp_out_, mlp_out2_;
   Tensor w_in_, w_qkv_, w_qn_, w_kn_, w_o_, w_post_, w_pre_ffn_, w_post_ffn_, w_gu_, w_down_;
-  Tensor w_router_, logits_, topk_w_, topk_ids_, gathered_, e_gu_, e_a_, e_out_, w_e_gu_, w_e_down_;
+  Tensor w_router_, logits_, topk_w_, topk_ids_, gathered_, offsets_, inv_perm_, e_gu_, e_a_, e_out_, w_e_gu_, w_e_down_;
+  std::vector<int64_t> offset_;  // expert_offsets of the last untimed-to-host read (Layer::moe_block)
 };
 
 void Layer::build() {
@@ -271,6 +273,8 @@ void Layer::build() {
     topk_w_ = Tensor::empty({T_, k}, DType::f32, device_);
     topk_ids_ = Tensor::empty({T_, k}, DType::i32, device_);
     gathered_ = act({T_ * k, H});
+    offsets_ = Tensor::empty({E + 1}, DType::i64, device_);
+    inv_perm_ = Tensor::empty({T_ * k}, DType::i32, device_);
     e_gu_ = act({T_ * k, 2 * I});
     e_a_ = act({T_ * k, I});
     e_out_ = act({T_ * k, H});
@@ -403,71 +407,41 @@ void Layer::mlp_block(const Tensor& x) {
   op("down_proj", "linear", {mlp_out_.view(), a_.view(), w_down_.view(), None{}}, sh({{"tokens", T_}, {"n", H}, {"k", I}}));
 }
 
-// MoE: real routing on random logits; the gather groups each (token, slot) pair's row by expert
-// (counting sort), each expert with rows runs its GEMMs at its own count, the combine sums the k
-// rows of a token weighted by topk_weights (f32 accumulation, one rounding).
+// MoE: real routing on random logits; moe_permute groups each (token, slot) pair's row by expert,
+// each expert with rows runs its GEMMs at its own count, moe_unpermute sums the k rows of a token
+// weighted by topk_weights. The per-expert row counts come to the host once, outside the timing
+// (the logits are the same every repetition, so is the routing): the timed layer is what a
+// grouped GEMM would launch, without a host round trip per layer.
 void Layer::moe_block(const Tensor& x) {
   const int64_t H = m_.hidden, E = m_.experts, k = m_.experts_per_token, I = s_.moe_intermediate;
-  const int64_t es = dtype_size(dt_), pairs = T_ * k;
+  const std::string routing = sh({{"tokens", T_}, {"hidden", H}, {"experts", E}, {"k", k}});
   op("router", "linear", {logits_.view(), x.view(), w_router_.view(), None{}}, sh({{"tokens", T_}, {"n", E}, {"k", H}}));
   op("topk_softmax", "topk_softmax", {topk_w_.view(), topk_ids_.view(), logits_.view(), k, m_.norm_topk_prob},
      sh({{"tokens", T_}, {"experts", E}, {"k", k}}));
-  const bool on_cpu = device_.kind == DeviceKind::cpu;
-  std::vector<int64_t> offset(size_t(E + 1), 0), slot_of(static_cast<size_t>(pairs));  // pair -> gathered row
-  host("moe_gather", sh({{"bytes", 2 * pairs * H * es}}), [&] {
-    Tensor ids = on_cpu ? topk_ids_ : Tensor::copy_of(topk_ids_.view(), Device::cpu(), DType::i32);
-    Tensor xs = on_cpu ? x : Tensor::copy_of(x.view(), Device::cpu(), dt_);
-    Tensor g = on_cpu ? gathered_ : Tensor::empty(gathered_.shape(), dt_);
-    const int32_t* id = ids.ptr<int32_t>();
-    std::vector<int64_t> count(size_t(E), 0);
-    for (int64_t p = 0; p < pairs; ++p) ++count[size_t(id[p])];
-    for (int64_t e = 0; e < E; ++e) offset[size_t(e + 1)] = offset[size_t(e)] + count[size_t(e)];
-    std::vector<int64_t> next(offset.begin(), offset.end() - 1);
-    for (int64_t p = 0; p < pairs; ++p) slot_of[size_t(p)] = next[size_t(id[p])]++;
-#pragma omp parallel for schedule(static) if (T_ * m_.hidden > (1 << 16))
-    for (int64_t p = 0; p < pairs; ++p)
-      std::memcpy(static_cast<char*>(g.data()) + slot_of[size_t(p)] * H * es,
-                  static_cast<const char*>(xs.data()) + (p / k) * H * es, size_t(H * es));
-    if (!on_cpu) copy_bytes(gathered_.data(), device_, g.data(), Device::cpu(), g.nbytes());
-  });
+  op("moe_permute", "moe_permute", {gathered_.view(), offsets_.view(), inv_perm_.view(), x.view(), topk_ids_.view(), E},
+     routing);
+  if (!whole_layer_) {  // outside timed(): the counts of this repetition's routing
+    offset_.assign(size_t(E + 1), 0);
+    copy_bytes(offset_.data(), Device::cpu(), offsets_.data(), device_, (E + 1) * int64_t(sizeof(int64_t)));
+  }
   const std::string note_gu = fmt::format("rows per expert, n={} k={}", 2 * I, H);
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = offset[size_t(e + 1)] - offset[size_t(e)];
+    const int64_t n = offset_[size_t(e + 1)] - offset_[size_t(e)];
     if (n == 0) continue;
     op("expert_gate_up", "linear",
-       {rows(e_gu_, offset[size_t(e)], n), rows(gathered_, offset[size_t(e)], n), rows(w_e_gu_, e * 2 * I, 2 * I), None{}},
+       {rows(e_gu_, offset_[size_t(e)], n), rows(gathered_, offset_[size_t(e)], n), rows(w_e_gu_, e * 2 * I, 2 * I), None{}},
        note_gu);
   }
-  op("expert_act", "silu_and_mul", {e_a_.view(), e_gu_.view()}, sh({{"tokens", pairs}, {"d", I}}));
+  op("expert_act", "silu_and_mul", {e_a_.view(), e_gu_.view()}, sh({{"tokens", T_ * k}, {"d", I}}));
   const std::string note_down = fmt::format("rows per expert, n={} k={}", H, I);
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = offset[size_t(e + 1)] - offset[size_t(e)];
+    const int64_t n = offset_[size_t(e + 1)] - offset_[size_t(e)];
     if (n == 0) continue;
     op("expert_down", "linear",
-       {rows(e_out_, offset[size_t(e)], n), rows(e_a_, offset[size_t(e)], n), rows(w_e_down_, e * H, H), None{}},
+       {rows(e_out_, offset_[size_t(e)], n), rows(e_a_, offset_[size_t(e)], n), rows(w_e_down_, e * H, H), None{}},
        note_down);
   }
-  host("moe_combine", sh({{"bytes", pairs * H * es + T_ * H * es + pairs * 4}}), [&] {
-    Tensor eo = on_cpu ? e_out_ : Tensor::copy_of(e_out_.view(), Device::cpu(), dt_);
-    Tensor wt = on_cpu ? topk_w_ : Tensor::copy_of(topk_w_.view(), Device::cpu(), DType::f32);
-    Tensor out = on_cpu ? mlp_out_ : Tensor::empty(mlp_out_.shape(), dt_);
-    const float* wp = wt.ptr<float>();
-#pragma omp parallel if (T_ * m_.hidden > (1 << 16))
-    {
-      std::vector<float> acc(static_cast<size_t>(H));
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < T_; ++t) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t r = slot_of[size_t(t * k + j)];
-          const float wj = wp[t * k + j];
-          for (int64_t c = 0; c < H; ++c) acc[size_t(c)] += wj * load(eo.data(), dt_, r * H + c);
-        }
-        for (int64_t c = 0; c < H; ++c) store(out.data(), dt_, t * H + c, acc[size_t(c)]);
-      }
-    }
-    if (!on_cpu) copy_bytes(mlp_out_.data(), device_, out.data(), Device::cpu(), out.nbytes());
-  });
+  op("moe_unpermute", "moe_unpermute", {mlp_out_.view(), e_out_.view(), inv_perm_.view(), topk_w_.view()}, routing);
 }
 
 // Rows of the estimate by name, all_reduce left out (not run on one device).
