@@ -130,7 +130,7 @@ machine_info() {
   echo "nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*' | head -1)"
   echo "cmake: $(cmake --version 2>&1 | head -1)"
   echo "host compiler: $(c++ --version 2>&1 | head -1)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo 'none (uncommitted tree)')"
+  echo "commit: ${OPFORGE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo 'none (uncommitted tree)')}"
 }
 CARD="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 CARD="${CARD:-unknown card}"
