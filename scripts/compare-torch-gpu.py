@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """opforge's CUDA kernels side by side with PyTorch (eager and torch.compile) on the same card.
 
-For rms_norm, fused_add_rms_norm and silu_and_mul in bf16 (hidden 4096, intermediate 14336) at
-16 / 1024 / 16384 tokens:
+For rms_norm, fused_add_rms_norm, layer_norm (hidden 4096), silu_and_mul, gelu_and_mul (erf),
+gelu_new (intermediate 14336) at 16 / 1024 / 16384 tokens, and cross_entropy forward (mean) at
+16 / 1024 tokens x vocab 32000 / 128256, in bf16:
   - opforge: `opforge bench <ops> --backend cuda --dtype bf16 --group large --json` (perf mode:
     Note [graph timing] in src/backends/cuda/cuda_backend.cu: 20 calls captured in a CUDA graph,
     the median over replays timed with CUDA events), or an existing bench JSON (--bench-json);
@@ -28,15 +29,32 @@ TOKENS = (16, 1024, 16384)
 HIDDEN = 4096
 INTER = 14336
 EPS = 1e-6
+LN_EPS = 1e-5
+OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul", "gelu_and_mul", "gelu_new",
+       "cross_entropy")
+VOCABS = (32000, 128256)
+
+
+def cases():
+    """(op, tokens, width, opforge case label) in table order."""
+    out = []
+    for op in OPS:
+        if op == "cross_entropy":
+            out += [(op, t, v, f"t{t}xv{v}") for v in VOCABS for t in (16, 1024)]
+        elif op in ("silu_and_mul", "gelu_and_mul", "gelu_new"):
+            out += [(op, t, INTER, f"t{t}xi{INTER}") for t in TOKENS]
+        else:
+            out += [(op, t, HIDDEN, f"t{t}xh{HIDDEN}") for t in TOKENS]
+    return out
 
 
 def opforge_times(args):
-    """{(op, tokens): (impl, us)} from opforge's bench JSON (fastest CUDA kernel of each case)."""
+    """{(op, case label): (impl, us)} from opforge's bench JSON (fastest CUDA kernel of each case)."""
     path = args.bench_json
     if not path:
         path = os.path.join(args.out_dir, "compare-opforge-bench.json")
-        cmd = [args.opforge, "bench", "rms_norm", "fused_add_rms_norm", "silu_and_mul",
-               "--backend", "cuda", "--dtype", "bf16", "--group", "large", "--json", path]
+        cmd = [args.opforge, "bench", *OPS, "--backend", "cuda", "--dtype", "bf16", "--group", "large",
+               "--json", path]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(path) as f:
@@ -47,14 +65,7 @@ def opforge_times(args):
             continue
         if not r["device"].startswith("cuda") or r["median_us"] <= 0:
             continue
-        case = r["case"]  # t<tokens>xh4096 or t<tokens>xi14336
-        if not case.startswith("t") or "x" not in case:
-            continue
-        try:
-            tokens = int(case[1:case.index("x")])
-        except ValueError:
-            continue
-        key = (r["op"], tokens)
+        key = (r["op"], r["case"])  # e.g. t1024xh4096, t1024xi14336, t1024xv128256
         if key not in best or r["median_us"] < best[key][1]:
             best[key] = (r["impl"], r["median_us"])
     return best, doc.get("cuda_copy_gbps", 0.0), doc.get("cuda_device", "")
@@ -85,18 +96,42 @@ def torch_cases(torch):
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 
-    def make(op, tokens):
+    def layer_norm(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)
+
+    def gelu_and_mul(x):
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d]) * x[..., d:]
+
+    def gelu_new(x):
+        return F.gelu(x, approximate="tanh")
+
+    def cross_entropy(logits, target):
+        return F.cross_entropy(logits.float(), target)
+
+    def make(op, tokens, width):
         g = torch.Generator(device="cuda").manual_seed(tokens)
         dev, bf16 = "cuda", torch.bfloat16
-        if op == "silu_and_mul":
-            x = torch.randn(tokens, 2 * INTER, device=dev, dtype=bf16, generator=g)
-            return (x,), silu_and_mul, silu_and_mul, 3 * tokens * INTER * 2
-        x = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16, generator=g)
-        w = torch.rand(HIDDEN, device=dev, dtype=bf16, generator=g) + 0.5
+        if op in ("silu_and_mul", "gelu_and_mul"):
+            x = torch.randn(tokens, 2 * width, device=dev, dtype=bf16, generator=g)
+            fn = silu_and_mul if op == "silu_and_mul" else gelu_and_mul
+            return (x,), fn, fn, 3 * tokens * width * 2
+        if op == "gelu_new":
+            x = torch.randn(tokens, width, device=dev, dtype=bf16, generator=g)
+            return (x,), gelu_new, gelu_new, 2 * tokens * width * 2
+        if op == "cross_entropy":
+            logits = torch.randn(tokens, width, device=dev, dtype=bf16, generator=g)
+            target = torch.randint(0, width, (tokens,), device=dev, generator=g)
+            return (logits, target), cross_entropy, cross_entropy, tokens * width * 2 + tokens * 8 + 4
+        x = torch.randn(tokens, width, device=dev, dtype=bf16, generator=g)
+        w = torch.rand(width, device=dev, dtype=bf16, generator=g) + 0.5
         if op == "rms_norm":
-            return (x, w), rms_norm_eager, rms_norm_math, 2 * tokens * HIDDEN * 2 + HIDDEN * 2
-        r = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16, generator=g)
-        return (x, r, w), fused_eager, fused_math, 4 * tokens * HIDDEN * 2 + HIDDEN * 2
+            return (x, w), rms_norm_eager, rms_norm_math, 2 * tokens * width * 2 + width * 2
+        if op == "layer_norm":
+            b = torch.randn(width, device=dev, dtype=bf16, generator=g)
+            return (x, w, b), layer_norm, layer_norm, 2 * tokens * width * 2 + 2 * width * 2
+        r = torch.randn(tokens, width, device=dev, dtype=bf16, generator=g)
+        return (x, r, w), fused_eager, fused_math, 4 * tokens * width * 2 + width * 2
 
     return make
 
@@ -170,30 +205,29 @@ def main():
     make = torch_cases(torch)
 
     rows, stream_rows = [], []
-    for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul"):
-        for tokens in TOKENS:
-            inputs, eager, math, nbytes = make(op, tokens)
-            compiled = torch.compile(math, dynamic=False)
-            res = {}
-            for name, fn in (("eager", eager), ("compile", compiled)):
-                try:
-                    res[name] = time_graph_us(torch, fn, inputs, args.reps)
-                except Exception as e:  # noqa: BLE001 (a failed capture is reported, not fatal)
-                    print(f"{op} t{tokens} {name}: graph timing failed: {e}", file=sys.stderr)
-                    res[name] = None
-                try:
-                    res[name + "_stream"] = time_stream_us(torch, fn, inputs, args.reps)
-                except Exception as e:  # noqa: BLE001
-                    print(f"{op} t{tokens} {name}: timing failed: {e}", file=sys.stderr)
-                    res[name + "_stream"] = None
-            impl, us = ours.get((op, tokens), (None, None))
-            pct = (nbytes / (us * 1e-6) / 1e9 / copy_gbps * 100) if us and copy_gbps else None
-            rows.append(f"| {op} | {tokens} | {fmt(us)} ({impl or '-'}) | "
-                        f"{'n/a' if pct is None else f'{pct:.0f}%'} | {fmt(res['eager'])} | "
-                        f"{fmt(res['compile'])} | {ratio(res['eager'], us)} | {ratio(res['compile'], us)} |")
-            stream_rows.append(f"| {op} | {tokens} | {fmt(res['eager_stream'])} | {fmt(res['compile_stream'])} |")
-            print(rows[-1], flush=True)
-            torch.cuda.empty_cache()
+    for op, tokens, width, label in cases():
+        inputs, eager, math, nbytes = make(op, tokens, width)
+        compiled = torch.compile(math, dynamic=False)
+        res = {}
+        for name, fn in (("eager", eager), ("compile", compiled)):
+            try:
+                res[name] = time_graph_us(torch, fn, inputs, args.reps)
+            except Exception as e:  # noqa: BLE001 (a failed capture is reported, not fatal)
+                print(f"{op} {label} {name}: graph timing failed: {e}", file=sys.stderr)
+                res[name] = None
+            try:
+                res[name + "_stream"] = time_stream_us(torch, fn, inputs, args.reps)
+            except Exception as e:  # noqa: BLE001
+                print(f"{op} {label} {name}: timing failed: {e}", file=sys.stderr)
+                res[name + "_stream"] = None
+        impl, us = ours.get((op, label), (None, None))
+        pct = (nbytes / (us * 1e-6) / 1e9 / copy_gbps * 100) if us and copy_gbps else None
+        rows.append(f"| {op} | {label} | {fmt(us)} ({impl or '-'}) | "
+                    f"{'n/a' if pct is None else f'{pct:.0f}%'} | {fmt(res['eager'])} | "
+                    f"{fmt(res['compile'])} | {ratio(res['eager'], us)} | {ratio(res['compile'], us)} |")
+        stream_rows.append(f"| {op} | {label} | {fmt(res['eager_stream'])} | {fmt(res['compile_stream'])} |")
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
 
     name = torch.cuda.get_device_name(0)
     text = "\n".join([
@@ -202,16 +236,18 @@ def main():
         f"bf16, hidden {HIDDEN}, intermediate {INTER}. Every number: median µs per call of {BATCH} calls "
         f"captured in one CUDA graph, replays timed with CUDA events. opforge from `opforge bench` "
         f"(perf mode, same timing; fastest CUDA kernel of the case; copy ceiling of that run "
-        f"{copy_gbps:.0f} GB/s on {card or name}). torch eager: F.rms_norm / F.silu(a) * b; "
-        f"torch.compile: vLLM's formulation compiled (default mode). Ratio > 1: opforge is faster.",
+        f"{copy_gbps:.0f} GB/s on {card or name}). torch eager: F.rms_norm, F.layer_norm, F.silu(a) * b, "
+        f"F.gelu(a) * b, F.gelu(x, approximate='tanh'), F.cross_entropy(logits.float(), target); "
+        f"torch.compile: the same (vLLM's formulation for the RMS norms), default mode. "
+        f"Ratio > 1: opforge is faster.",
         "",
-        "| op | tokens | opforge µs (kernel) | opforge % copy | torch eager µs | torch.compile µs | eager / opforge | compile / opforge |",
+        "| op | case | opforge µs (kernel) | opforge % copy | torch eager µs | torch.compile µs | eager / opforge | compile / opforge |",
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"torch without a graph (events around {BATCH} back-to-back calls; host overhead shows at small sizes):",
         "",
-        "| op | tokens | torch eager µs | torch.compile µs |",
+        "| op | case | torch eager µs | torch.compile µs |",
         "|---|---|---|---|",
         *stream_rows,
         "",
