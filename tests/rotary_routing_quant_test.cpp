@@ -16,6 +16,7 @@
 #include "ops/quant/internal.h"
 #include "ops/rotary/internal.h"
 #include "ops/routing/internal.h"
+#include "tests/test_util.h"
 
 namespace opforge {
 namespace {
@@ -125,35 +126,14 @@ Registry& families() {
   return reg;
 }
 
-Tensor tensor(const Shape& shape, DType dtype, const std::vector<double>& values) {
-  Tensor t = Tensor::zeros(shape, dtype);
-  for (size_t i = 0; i < values.size(); ++i) store_from_double(t.data(), dtype, int64_t(i), values[i]);
-  return t;
-}
-std::vector<double> values_of(const TensorView& t) {
-  std::vector<double> v(size_t(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_double(t.data, t.dtype, int64_t(i));
-  return v;
-}
-std::vector<uint8_t> bytes_of_tensor(const Tensor& t) {
-  const auto* p = static_cast<const uint8_t*>(t.data());
-  return {p, p + t.nbytes()};
-}
+using test_util::bytes_of_tensor;
+using test_util::tensor;
+using test_util::values_of;
 
 // The call throws invalid_argument naming `arg` and leaves every tensor in `watched` unchanged.
 void expect_rejected(const std::string& op, const std::vector<Value>& args, const std::string& arg,
                      const std::vector<const Tensor*>& watched) {
-  SCOPED_TRACE(op + " / " + arg);
-  std::vector<std::vector<uint8_t>> before;
-  for (const Tensor* t : watched) before.push_back(bytes_of_tensor(*t));
-  try {
-    families().call(op, args);
-    ADD_FAILURE() << "no error; expected one naming argument '" << arg << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("argument '" + arg + "'"), std::string::npos) << e.what();
-  }
-  for (size_t i = 0; i < watched.size(); ++i) EXPECT_EQ(bytes_of_tensor(*watched[i]), before[i]);
+  test_util::expect_rejected(families(), op, args, arg, watched);
 }
 
 // Runs `op` with kernel `impl` only.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "opforge/error.h"
+#include "opforge/registry.h"
 #include "opforge/tensor.h"
 
 namespace opforge::test_util {
@@ -83,6 +84,33 @@ void expect_arg_error(F&& call, const std::string& arg, const std::string& fragm
     EXPECT_NE(msg.find("argument '" + arg + "'"), std::string::npos) << msg;
     EXPECT_NE(msg.find(fragment), std::string::npos) << msg << "\n  lacks: " << fragment;
   }
+}
+
+// A contiguous tensor of `shape` holding `values` (the rest zeros), and its elements as doubles.
+inline Tensor tensor(const Shape& shape, DType dtype, const std::vector<double>& values) {
+  Tensor t = Tensor::zeros(shape, dtype);
+  for (size_t i = 0; i < values.size(); ++i) store_from_double(t.data(), dtype, int64_t(i), values[i]);
+  return t;
+}
+inline std::vector<double> values_of(const TensorView& t) {
+  std::vector<double> v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_double(t.data, t.dtype, int64_t(i));
+  return v;
+}
+inline std::vector<uint8_t> bytes_of_tensor(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
+// `reg.call(op, args)` throws invalid_argument naming `arg` and leaves every tensor in `watched`
+// unchanged.
+inline void expect_rejected(const Registry& reg, const std::string& op, const std::vector<Value>& args,
+                            const std::string& arg, const std::vector<const Tensor*>& watched) {
+  SCOPED_TRACE(op + " / " + arg);
+  std::vector<std::vector<uint8_t>> before;
+  for (const Tensor* t : watched) before.push_back(bytes_of_tensor(*t));
+  expect_arg_error([&] { reg.call(op, args); }, arg);
+  for (size_t i = 0; i < watched.size(); ++i) EXPECT_EQ(bytes_of_tensor(*watched[i]), before[i]);
 }
 
 }  // namespace opforge::test_util
