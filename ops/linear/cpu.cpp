@@ -11,7 +11,7 @@
 // written into y first and the GEMM accumulates onto it (beta = 1).
 // bf16 / f16: the Debian OpenBLAS has no sbgemm (see the gemm.cpp section of internal.h), so x is
 // widened to f32 once and w in tiles of out-rows (Note [tiling]: all threads' tiles together in
-// half the L3), one OpenMP task per tile: the task widens its tile (Highway conversions),
+// half the L3, at least 512 rows: Note [narrow gemm]), one OpenMP task per tile: the task widens its tile (Highway conversions),
 // multiplies it while it is in cache and rounds its y columns once. Decode shapes (1 token) are
 // bound by reading w, and the widening writes and reads it once more than an f32 GEMV would.
 // Deterministic: no product is split over k (Note [one thread pool]) and db sums rows in order.
@@ -44,13 +44,23 @@ const char* dtype_reason(const TensorView& x) {
 }
 
 // Out-rows of w per task of the 16-bit path: Note [tiling] with every thread's f32 tile in half
-// of the (shared) L3 together.
+// of the (shared) L3 together, but never fewer than kMinGemmColumns.
+//
+// Note [narrow gemm]: single-threaded cblas_sgemm of Debian's OpenBLAS (0.3.21, Zen kernels) runs
+// at about a third of its speed when the output has fewer than 512 columns: on the 2-core EPYC
+// development machine, x[128 x 4096] times a w tile transposed ran at 11 GFLOP/s for 64-256
+// columns and 31 GFLOP/s for 512-4096 (36-37 at 512 rows of x). An L3-sized tile there is 128
+// columns, so the cache rule alone put every bf16 GEMM on the slow path. A wider tile spills the
+// widened copy of w to DRAM, which costs its write and one read (some 10% at 128 tokens) instead
+// of a factor of three.
+constexpr int64_t kMinGemmColumns = 512;
+
 int64_t w_tile_rows(int64_t in) {
   cpu::TileSpec spec;
   spec.bytes_per_element = 4 * std::max(1, cpu::cpu_info().threads);
   spec.multiplier = std::max<int64_t>(in, 1);
   spec.level = cpu::CacheLevel::l3;
-  return cpu::capacity_block(spec);
+  return std::max(cpu::capacity_block(spec), kMinGemmColumns);
 }
 
 // y rows = bias (or 0), f32 y only.
