@@ -219,6 +219,7 @@ void register_attention_cuda(Registry& reg) {
       false);
   d.properties.batch_invariant = false;  // the split count depends on the batch size
   reg.add_kernel<AttentionDecode>(d, &attention_decode_cuda, &attention_decode_cuda_applicable);
+  register_attention_decode_split_cuda(reg);  // cuda_decode.cu: impl cuda_split, preferred
   register_attention_prefill_cuda(reg);
   register_attention_prefill_backward_cuda(reg);
 }
