@@ -181,8 +181,14 @@ template <int L, int G, bool kAsync> struct Smem {
   static constexpr int64_t bytes = ring > merge ? ring : merge;
 };
 
+// Resident blocks per SM the register budget is cut for (ptxas, sm_90, no spills): groups up to 4
+// fit 3 blocks (<= 170 registers: 12 warps of loads in flight) in the register variant and 4 in
+// the cp.async one (128 registers); groups of 5-8 keep 2 (a tighter cap spills).
+template <bool kAsync, int G> constexpr int kMinBlocks = G > 4 ? 2 : kAsync ? 4 : 3;
+
 template <class T, int L, int G, bool kAsync>
-__global__ void __launch_bounds__(kThreads) split_partial_kernel(SplitArgs<T> p) {
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<kAsync, G>))
+    split_partial_kernel(SplitArgs<T> p) {
   using TileT = Tile<L, G, kAsync>;
   constexpr int kSteps = TileT::steps, kKeysPerStep = TileT::keys_per_step;
   constexpr int64_t kTile = TileT::keys;
