@@ -32,7 +32,7 @@
 //        into registers, all before it computes any of them.
 //      - cuda_split_async: tiles of 2 steps go through a ring of 4 tiles in shared memory by
 //        cp.async, three tiles ahead of the one computed; each thread copies and reads only its
-//        own 16-byte slots, so __pipeline_wait_prior orders its reads and the loop needs no
+//        own 16-byte slots, so cp.async.wait_group orders its reads and the loop needs no
 //        barrier. The ring becomes the warps' merge buffer after a full drain and a barrier.
 //  2. Combine pass, one block per (sequence, query head): M = max_s m_s over the splits that hold
 //     keys, out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s in split order (deterministic),
@@ -99,6 +99,12 @@ template <class T> __device__ __forceinline__ Pack<T> zero_pack() {
   Pack<T> out;
   __builtin_memcpy(&out, &raw, sizeof(raw));
   return out;
+}
+
+// cp.async.wait_group N with a memory clobber, so the compiler cannot move the shared-memory
+// reads of the landed copies above it (the header's __pipeline_wait_prior has no clobber).
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <class T> __device__ __forceinline__ void unpack(const Pack<T>& pk, float (&f)[kVec]) {
@@ -292,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<kAsync, G>))
       // The slot of tile + kStages - 1 was last read by this thread in the previous iteration.
       if (tile + kStages - 1 < tiles) issue(tile + kStages - 1);
       __pipeline_commit();
-      __pipeline_wait_prior(kStages - 1);  // groups 0 .. tile have landed: this tile's copies
+      cp_async_wait<kStages - 1>();  // groups 0 .. tile have landed: this tile's copies
       const int64_t t = begin + tile * kTile, stage = tile % kStages;
       Pack<T> kp[kSteps], vp[kSteps];
       bool valid[kSteps];
@@ -310,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<kAsync, G>))
       }
       attend_tile<T, L, G, kSteps>(kp, vp, valid, qf, m, l, acc);
     }
-    __pipeline_wait_prior(0);  // nothing in flight (the groups past the last tile are empty)
+    cp_async_wait<0>();  // nothing in flight (the groups past the last tile are empty)
     __syncthreads();           // every thread is done with the ring before it becomes s_o
   }
 
