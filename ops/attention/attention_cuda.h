@@ -1,5 +1,5 @@
-// CUDA kernels of the attention family (ops/attention/cuda.cu, cuda_prefill.cu), declared for
-// registration and for tests that call them directly.
+// CUDA kernels of the attention family (ops/attention/cuda.cu, cuda_decode.cu, cuda_prefill.cu),
+// declared for registration and for tests that call them directly.
 //   attention_prefill_cuda_wmma  tensor-core flash-style tiles; predicate: bf16 / f16, head_dim 64
 //                          or 128, 16-byte aligned rows and row strides, enough shared memory
 //   attention_prefill_cuda_wmma_async  (impl cuda_wmma2) the same, double-buffered cp.async K/V
@@ -9,6 +9,12 @@
 //                          dq, dk, dv)
 //   attention_prefill_backward_cuda  (cuda_prefill_backward.cu) warp per query row / key row;
 //                          predicate: f32 / f16 / bf16
+//   attention_decode_cuda_split  (impl cuda_split, cuda_decode.cu) split-KV decoding with 16-byte
+//                          K/V loads; predicate: f16 / bf16, head_dim % 8 == 0 and <= 256, 16-byte
+//                          aligned rows and row strides of q / k_cache / v_cache, at most 8 query
+//                          heads per kv head
+//   attention_decode_cuda_split_async  (impl cuda_split_async) the same with a cp.async ring of
+//                          K/V tiles in shared memory; predicate as cuda_split
 //   attention_decode_cuda  split-K decoding with GQA sharing; predicate: dtype, head_dim <= 256,
 //                          at most 8 query heads per kv head
 #pragma once
@@ -23,6 +29,19 @@ void attention_decode_cuda(const Context&, const TensorView& out, const TensorVi
 const char* attention_decode_cuda_applicable(const TensorView& out, const TensorView& q,
                                              const TensorView& k_cache, const TensorView& v_cache,
                                              const TensorView& seq_lens, double softmax_scale);
+
+void attention_decode_cuda_split(const Context&, const TensorView& out, const TensorView& q,
+                                 const TensorView& k_cache, const TensorView& v_cache,
+                                 const TensorView& seq_lens, double softmax_scale);
+const char* attention_decode_cuda_split_applicable(const TensorView& out, const TensorView& q,
+                                                   const TensorView& k_cache,
+                                                   const TensorView& v_cache,
+                                                   const TensorView& seq_lens, double softmax_scale);
+void attention_decode_cuda_split_async(const Context&, const TensorView& out,
+                                       const TensorView& q, const TensorView& k_cache,
+                                       const TensorView& v_cache, const TensorView& seq_lens,
+                                       double softmax_scale);  // same predicate as cuda_split
+void register_attention_decode_split_cuda(Registry& reg);  // cuda_decode.cu
 
 void attention_prefill_cuda(const Context&, const TensorView& out, const TensorView& lse,
                             const TensorView& q, const TensorView& k, const TensorView& v,

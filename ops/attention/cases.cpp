@@ -5,9 +5,10 @@
 // heads of 128), and edge cases: a one-token sequence, an empty sequence inside the batch, no
 // tokens at all, head_dim not a multiple of any vector width, a window shorter than the sequence,
 // GQA ratios 1 / 4 / 8, int64 offsets, an explicit scale, padded rows.
-// Decode: batch 8 and 32 with a 2048-token cache (large), and edge cases: a sequence of length 0,
-// length 1, a full cache, odd head_dim, GQA ratios, padded rows, no sequences, one sequence (its
-// kv heads split over tasks).
+// Decode: batch 8, 32 and 256 with a 2048-token cache (large), two sequences of 1500 and 777
+// tokens (medium), and edge cases: a sequence of length 0, length 1, a full cache, odd head_dim,
+// GQA ratios, padded rows, no sequences, one sequence (its kv heads split over tasks), and lengths
+// that end inside / just past / exactly at a key split of the CUDA kernels.
 // The backward ops see the forward's shapes with dout, out ~ N(0, 1) and lse ~ U(2, 4): they are
 // compared with the reference backward on the same inputs; grad mode derives its inputs from the
 // forward instead.
@@ -185,6 +186,8 @@ std::vector<Case> attention_decode_cases() {
   add("b32_ctx2048_h32kv8_d128", G::large, {repeat({2048}, 32), 2048, {32, 8, 128}});
   add("b16_ctx2048_mixed_lens", G::large,
       {repeat({2048, 1000, 1536, 300}, 16), 2048, {32, 8, 128}});
+  add("b256_ctx2048_h32kv8_d128", G::large, {repeat({2048}, 256), 2048, {32, 8, 128}});
+  add("b2_ctx1500_h32kv8_d128_mixed", G::medium, {{1500, 777}, 1500, {32, 8, 128}});
   add("b3_len0_in_batch", G::edge, {{4, 0, 6}, 8, {4, 2, 16}});
   add("b2_len1", G::edge, {{1, 1}, 4, {4, 2, 16}});
   add("b0_no_sequences", G::edge, {{}, 4, {4, 2, 16}});
@@ -194,6 +197,19 @@ std::vector<Case> attention_decode_cases() {
   add("b2_rows_pad5_scale0.2", G::edge, {{6, 3}, 6, {4, 2, 20}, 5, 0.2});
   add("b3_d128_ctx70", G::edge, {{70, 33, 69}, 70, {8, 2, 128}});
   add("b1_kv_heads_split_across_threads", G::edge, {{45}, 50, {16, 4, 64}});
+  // Key splits (the CUDA split kernels cut a sequence into chunks of 64 keys or more): lengths
+  // that end inside a chunk, one key past a chunk, exactly one chunk, a sequence far shorter than
+  // the cache, max_ctx 1, only empty sequences; head_dim 256 / 80 / 32, groups of 3 and 5, padded
+  // rows that keep 16-byte alignment.
+  add("b3_d128_ctx300_split_tails", G::edge, {{300, 129, 65}, 300, {8, 2, 128}});
+  add("b4_d64_lens1,200,0,64", G::edge, {{1, 200, 0, 64}, 200, {4, 1, 64}});
+  add("b2_short_sequence_in_long_cache", G::edge, {{10, 500}, 500, {8, 2, 128}});
+  add("b1_ctx1_len1", G::edge, {{1}, 1, {4, 1, 128}});
+  add("b2_all_len0", G::edge, {{0, 0}, 32, {4, 2, 16}});
+  add("b2_d256_gqa2", G::edge, {{100, 37}, 100, {4, 2, 256}});
+  add("b2_d32_gqa3", G::edge, {{5, 40}, 40, {6, 2, 32}});
+  add("b2_d80_gqa5", G::edge, {{90, 17}, 90, {10, 2, 80}});
+  add("b2_d64_rows_pad8", G::edge, {{33, 70}, 70, {8, 2, 64}, 8});
   return cases;
 }
 

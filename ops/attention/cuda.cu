@@ -1,5 +1,7 @@
 // CUDA kernel of attention_decode: one query token per sequence against a contiguous KV cache,
-// split-K ("flash decoding") with grouped-query sharing.
+// split-K ("flash decoding") with grouped-query sharing. Impl `cuda`, element-wise loads, any
+// dtype / head_dim <= 256 / row layout: the fallback of the 16-byte split kernels of
+// cuda_decode.cu (cuda_split, cuda_split_async), which have higher priority.
 //
 // Math (the op's doc): out[b, h] = sum_{j < len_b} softmax_j(scale * q[b, h] . k[b, j, g]) v[b, j, g],
 // g = h / (Hq / Hkv); a sequence of length 0 gives 0. seq_lens on the device are clamped to
@@ -219,6 +221,7 @@ void register_attention_cuda(Registry& reg) {
       false);
   d.properties.batch_invariant = false;  // the split count depends on the batch size
   reg.add_kernel<AttentionDecode>(d, &attention_decode_cuda, &attention_decode_cuda_applicable);
+  register_attention_decode_split_cuda(reg);  // cuda_decode.cu: impl cuda_split, preferred
   register_attention_prefill_cuda(reg);
   register_attention_prefill_backward_cuda(reg);
 }
