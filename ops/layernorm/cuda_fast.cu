@@ -35,8 +35,8 @@
 //    every block keeps (kStages - 1) * 2 rows of loads in flight through its reductions without
 //    spending registers on them (the register-resident kernel held only the current row and
 //    reached about half of the copy bandwidth). Each thread copies and later reads back only its
-//    own 16 bytes, so its own cp.async.wait_group orders them (no barrier); a stage is refilled
-//    only after the block barriers of the row that read it.
+//    own 16 bytes, so its own cp.async.wait_group orders them (no barrier), and it refills a slot
+//    only after it has used the values it read from it.
 //  - dw and db (Note [deterministic dw] in ops/norm/cuda_backward.cu): each thread sums its
 //    columns' dy * xhat and dy over the block's rows in f32 registers, the block writes one row
 //    of partials [G, 2 * hidden] to the per-stream workspace, a grid barrier (Note [grid barrier]),
@@ -98,9 +98,11 @@ __device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, f
 }
 
 // Sums of V values over the block (blockDim.x a multiple of 32, at most 1024): a butterfly within
-// each warp, then, with more than one warp, every thread adds the warp results in warp order from
-// shared memory. Every thread gets the same bits (Note [cuda reductions]). `scratch` holds V * 32
-// floats and must not be reused until the block has passed another barrier.
+// each warp, then, with more than one warp, the warp results go through shared memory and are
+// added in a fixed order: by every thread in warp order for up to 8 warps, else by a second
+// butterfly over the warp results (2 instructions per value per thread instead of 2 per warp).
+// Every thread gets the same bits (Note [cuda reductions]). `scratch` holds V * 32 floats and is
+// not written again by this call; the caller alternates two scratch arrays (see the kernels).
 template <int V> __device__ __forceinline__ void team_sum(float (&v)[V], float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
 #pragma unroll
@@ -110,11 +112,16 @@ template <int V> __device__ __forceinline__ void team_sum(float (&v)[V], float* 
 #pragma unroll
     for (int i = 0; i < V; ++i) scratch[i * 32 + warp] = v[i];
   __syncthreads();
+  if (n_warps <= 8) {  // block-uniform
 #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    float s = 0.0f;
-    for (int w = 0; w < n_warps; ++w) s += scratch[i * 32 + w];
-    v[i] = s;
+    for (int i = 0; i < V; ++i) {
+      float s = 0.0f;
+      for (int w = 0; w < n_warps; ++w) s += scratch[i * 32 + w];
+      v[i] = s;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = group_sum<32>(lane < n_warps ? scratch[i * 32 + lane] : 0.0f);
   }
 }
 
@@ -260,8 +267,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   int stage = 0;
   for (int64_t row = first; row < last; ++row) {  // block-uniform
-    // Refill the stage that the previous row read (its reads are ordered before this by the
-    // block barriers of that row's reductions).
+    // Refill the stage that the previous row read: each thread refills only its own slot, whose
+    // values it has already used.
     issue(row + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     cp_async_wait<kStages - 1>();  // this row's group is complete
     Pack<T> xp, gp;
@@ -306,9 +313,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
       store_pack(a.dx + row * a.dx_stride + int64_t(t) * N, out);
     }
-    // The scratch arrays are written again by the next row's reductions; this barrier also
-    // orders this row's stage reads before the refill of its stage.
-    __syncthreads();
+    // No barrier before the next row: the two reductions alternate their scratch arrays (as in
+    // the forward), and a stage is refilled by the thread that read it, after using what it read.
     stage = stage == kStages - 1 ? 0 : stage + 1;
   }
   cp_async_wait<0>();  // nothing is left in flight (the groups past the chunk are empty)
