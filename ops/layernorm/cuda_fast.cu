@@ -28,10 +28,11 @@
 // cuda_vec16_async (layer_norm_backward, priority 300).
 //  - A cooperative launch of G resident blocks (G from the SM count and the occupancy of this
 //    kernel; with few rows, blocks without rows join only the dw/db reduction, about 8 threads per
-//    column); block b owns the rows [b * C, (b + 1) * C), one thread per 16-byte pack of a row
-//    (blockDim.x = packs rounded up to a warp, at most 1024: hidden 8192 bf16, 4096 f32).
+//    column); block b owns the rows [b * C, (b + 1) * C), each thread K 16-byte packs of a row:
+//    K = 1 below 512 packs, else 2 (blockDim.x = packs / K rounded up to a warp, at most 512;
+//    hidden 4096: 256 threads bf16, 512 f32; at most 1024 packs, hidden 8192 bf16, 4096 f32).
 //  - Note [async row pipeline]: x and dy of the next kStages - 1 rows are copied to shared memory
-//    with cp.async (16 bytes a thread, LDGSTS) while the current row is reduced and written, so
+//    with cp.async (16 bytes a pack, LDGSTS) while the current row is reduced and written, so
 //    every block keeps (kStages - 1) * 2 rows of loads in flight through its reductions without
 //    spending registers on them (the register-resident kernel held only the current row and
 //    reached about half of the copy bandwidth). Each thread copies and later reads back only its
@@ -224,13 +225,18 @@ template <int pending> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 }
 
-// Shared memory of the backward kernel: kStages stages, each x then dy, blockDim.x packs each.
-__host__ __device__ constexpr int64_t bwd_smem_bytes(int threads) {
-  return int64_t(kStages) * 2 * threads * 16;
+// Shared memory of the backward kernel: kStages stages, each x then dy, K packs a thread.
+__host__ __device__ constexpr int64_t bwd_smem_bytes(int threads, int k) {
+  return int64_t(kStages) * 2 * k * threads * 16;
 }
 
-template <class T>
-__global__ void __launch_bounds__(kMaxThreads)
+// K packs a thread (pack i of a row in thread i % blockDim.x, slot i / blockDim.x): 1 for rows
+// of fewer than 512 packs, else 2 (blockDim.x at most 512: the 32 f32 dw/db accumulators of a
+// bf16 thread need more than the 64 registers of a 1024-thread bound). Two packs halve the warps
+// a row's reductions run on (hidden 4096 bf16: 8 warps instead of 16), the instructions that do
+// not scale with the row.
+template <class T, int K>
+__global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
     layer_norm_bwd_async_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block,
                                 int64_t parts, unsigned* barrier, T* dw_out, int64_t dw_stride, T* db_out,
                                 int64_t db_stride) {
@@ -241,25 +247,33 @@ __global__ void __launch_bounds__(kMaxThreads)
   __shared__ float slice[kMaxThreads];
   const int n_packs = int(a.hidden / N);
   const int t = threadIdx.x, threads = blockDim.x;
-  const bool active = t < n_packs;
   const float inv_h = 1.0f / float(a.hidden);
-  // This thread's 16 bytes of x and dy in stage s.
-  auto x_slot = [&](int s) { return stage_mem + (int64_t(2 * s) * threads + t) * 16; };
-  auto dy_slot = [&](int s) { return stage_mem + (int64_t(2 * s + 1) * threads + t) * 16; };
+  // This thread's k-th 16 bytes of x (tensor 0) and dy (tensor 1) in stage s.
+  auto slot = [&](int s, int tensor, int k) {
+    return stage_mem + ((int64_t(2 * s + tensor) * K + k) * threads + t) * 16;
+  };
+  auto active = [&](int k) { return t + k * threads < n_packs; };
 
-  Pack<T> wp;
-  float dw[N], db[N];
-  if (active) wp = load_pack_readonly(a.w + int64_t(t) * N);
+  Pack<T> wp[K];
+  float dw[K][N], db[K][N];
 #pragma unroll
-  for (int j = 0; j < N; ++j) dw[j] = db[j] = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    if (active(k)) wp[k] = load_pack_readonly(a.w + int64_t(t + k * threads) * N);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.0f;
+  }
 
   const int64_t first = int64_t(blockIdx.x) * rows_per_block;
   const int64_t last = min(a.rows, first + rows_per_block);
   auto issue = [&](int64_t row, int s) {  // one commit group per call, empty past the chunk
-    if (active && row < last) {
-      cp_async16(x_slot(s), a.x + row * a.x_stride + int64_t(t) * N);
-      cp_async16(dy_slot(s), a.dy + row * a.dy_stride + int64_t(t) * N);
-    }
+    if (row < last)
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (active(k)) {
+          const int64_t col = int64_t(t + k * threads) * N;
+          cp_async16(slot(s, 0, k), a.x + row * a.x_stride + col);
+          cp_async16(slot(s, 1, k), a.dy + row * a.dy_stride + col);
+        }
     cp_async_commit();
   };
 #pragma unroll
@@ -267,32 +281,35 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   int stage = 0;
   for (int64_t row = first; row < last; ++row) {  // block-uniform
-    // Refill the stage that the previous row read: each thread refills only its own slot, whose
+    // Refill the stage that the previous row read: each thread refills only its own slots, whose
     // values it has already used.
     issue(row + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     cp_async_wait<kStages - 1>();  // this row's group is complete
-    Pack<T> xp, gp;
-    if (active) {
-      xp = *reinterpret_cast<const Pack<T>*>(x_slot(stage));
-      gp = *reinterpret_cast<const Pack<T>*>(dy_slot(stage));
-    }
+    Pack<T> xp[K], gp[K];
     float sum[1] = {0.0f};
-    if (active)
 #pragma unroll
-      for (int j = 0; j < N; ++j) sum[0] += to_f32(xp.v[j]);
+    for (int k = 0; k < K; ++k)
+      if (active(k)) {
+        xp[k] = *reinterpret_cast<const Pack<T>*>(slot(stage, 0, k));
+        gp[k] = *reinterpret_cast<const Pack<T>*>(slot(stage, 1, k));
+#pragma unroll
+        for (int j = 0; j < N; ++j) sum[0] += to_f32(xp[k].v[j]);
+      }
     team_sum<1>(sum, scratch_sum);
     const float mean0 = sum[0] * inv_h;
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, sum d^2, sum g, sum g * d; g = dy * w
-    if (active)
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float d = to_f32(xp.v[j]) - mean0;
-        const float g = to_f32(gp.v[j]) * to_f32(wp.v[j]);
-        s[0] += d;
-        s[1] += d * d;
-        s[2] += g;
-        s[3] += g * d;
-      }
+    for (int k = 0; k < K; ++k)
+      if (active(k))
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float d = to_f32(xp[k].v[j]) - mean0;
+          const float g = to_f32(gp[k].v[j]) * to_f32(wp[k].v[j]);
+          s[0] += d;
+          s[1] += d * d;
+          s[2] += g;
+          s[3] += g * d;
+        }
     team_sum<4>(s, scratch_rest);
     // Centred sums about the corrected mean (mean0 + shift): sum d'^2 = sum d^2 - sum d * shift,
     // sum g * d' = sum g * d - shift * sum g.
@@ -301,18 +318,20 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float rstd = rstd_of(fmaxf(s[1] - s[0] * shift, 0.0f), a.hidden, a.eps);
     const float mean_g = s[2] * inv_h;
     const float mean_gx = (s[3] - shift * s[2]) * rstd * inv_h;
-    if (active) {
-      Pack<T> out;
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float xhat = (to_f32(xp.v[j]) - mean) * rstd;
-        const float gy = to_f32(gp.v[j]);
-        out.v[j] = from_f32<T>(rstd * (gy * to_f32(wp.v[j]) - mean_g - xhat * mean_gx));
-        dw[j] += gy * xhat;
-        db[j] += gy;
+    for (int k = 0; k < K; ++k)
+      if (active(k)) {
+        Pack<T> out;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xhat = (to_f32(xp[k].v[j]) - mean) * rstd;
+          const float gy = to_f32(gp[k].v[j]);
+          out.v[j] = from_f32<T>(rstd * (gy * to_f32(wp[k].v[j]) - mean_g - xhat * mean_gx));
+          dw[k][j] += gy * xhat;
+          db[k][j] += gy;
+        }
+        store_pack(a.dx + row * a.dx_stride + int64_t(t + k * threads) * N, out);
       }
-      store_pack(a.dx + row * a.dx_stride + int64_t(t) * N, out);
-    }
     // No barrier before the next row: the two reductions alternate their scratch arrays (as in
     // the forward), and a stage is refilled by the thread that read it, after using what it read.
     stage = stage == kStages - 1 ? 0 : stage + 1;
@@ -321,14 +340,19 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   float* dw_part = partial + int64_t(blockIdx.x) * 2 * a.hidden;
   float* db_part = dw_part + a.hidden;
-  if (active && blockIdx.x < parts)  // the blocks past `parts` own no rows and only reduce
+  if (blockIdx.x < parts)  // the blocks past `parts` own no rows and only reduce
 #pragma unroll
-    for (int j = 0; j < N; j += 4) {
-      *reinterpret_cast<float4*>(dw_part + int64_t(t) * N + j) =
-          make_float4(dw[j], dw[j + 1], dw[j + 2], dw[j + 3]);
-      *reinterpret_cast<float4*>(db_part + int64_t(t) * N + j) =
-          make_float4(db[j], db[j + 1], db[j + 2], db[j + 3]);
-    }
+    for (int k = 0; k < K; ++k)
+      if (active(k)) {
+        const int64_t col = int64_t(t + k * threads) * N;
+#pragma unroll
+        for (int j = 0; j < N; j += 4) {
+          *reinterpret_cast<float4*>(dw_part + col + j) =
+              make_float4(dw[k][j], dw[k][j + 1], dw[k][j + 2], dw[k][j + 3]);
+          *reinterpret_cast<float4*>(db_part + col + j) =
+              make_float4(db[k][j], db[k][j + 1], db[k][j + 2], db[k][j + 3]);
+        }
+      }
 
   grid_barrier(barrier, gridDim.x);
 
@@ -362,21 +386,21 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-template <class T>
-void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw,
-                     const TensorView& db) {
-  auto kernel = layer_norm_bwd_async_kernel<T>;
+template <class T, int K>
+void launch_backward_k(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw,
+                       const TensorView& db) {
+  auto kernel = layer_norm_bwd_async_kernel<T, K>;
   const int64_t n_packs = a.hidden / Pack<T>::n;
-  const int threads = int((n_packs + 31) / 32 * 32);
-  const int64_t smem = bwd_smem_bytes(threads);
-  // Per block size: the dynamic shared memory allowed (set once) and the blocks that fit on an SM
-  // (a cooperative launch of more blocks than fit is refused).
-  // The allowance is set once to the largest block's need, so no later call lowers it.
+  const int threads = int(((n_packs + K - 1) / K + 31) / 32 * 32);
+  const int64_t smem = bwd_smem_bytes(threads, K);
+  // Per instantiation: the dynamic shared memory allowed, set once to the most any block size
+  // needs (so no later call lowers it), and per block size the blocks that fit on an SM (a
+  // cooperative launch of more blocks than fit is refused).
   static std::atomic<int> per_sm[kMaxThreads / 32 + 1];
   static std::atomic<bool> smem_allowed{false};
   if (!smem_allowed.load(std::memory_order_acquire)) {
     OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(bwd_smem_bytes(kMaxThreads))));
+                                            int(bwd_smem_bytes(kMaxThreads, 1))));
     smem_allowed.store(true, std::memory_order_release);
   }
   int fit = per_sm[threads / 32].load(std::memory_order_relaxed);
@@ -417,6 +441,13 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
     cudaGetLastError();  // a refused launch is not an error of the next one
     throw_cuda_error("layer_norm_backward_cuda_vec16_async cooperative launch", status);
   }
+}
+
+template <class T>
+void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw,
+                     const TensorView& db) {
+  if (a.hidden / Pack<T>::n >= 512) launch_backward_k<T, 2>(ctx, a, dw, db);
+  else launch_backward_k<T, 1>(ctx, a, dw, db);
 }
 
 // ---- predicates ------------------------------------------------------------------------------------
