@@ -4,7 +4,9 @@
 // tokens 1 / 16 / 1024 / 16384), and edge cases: no rows, one element, sizes that are not a
 // multiple of any vector width, a 3-d input, padded rows on inputs and outputs, rows whose mean
 // is far from 0 (Note [centred sums] in cpu.cpp), the optional bias left out,
-// and for the forward ops the in-place form (y over x).
+// for the forward ops the in-place form (y over x); layer_norm adds 16 x 2048 (a one-warp row of
+// its CUDA kernel) and layer_norm_backward 1600 x 4096 (several rows per block of its CUDA
+// kernel) to the edge group.
 // group_norm ([N, C, *], contiguous): small, medium, large (C = 512, 32 groups, 1024 / 4096
 // positions), edge cases (no batch, one element, no positions, one channel per group, odd sizes,
 // a 4-d input, in place).
@@ -152,12 +154,21 @@ std::vector<Case> group_cases(bool backward) {
 }  // namespace
 
 std::vector<Case> layer_norm_cases() {
-  return row_cases({{"x"}, {"y"}, {{"w", Fill::uniform_positive}, {"b", Fill::normal}}, "b",
-                    {{"eps", kEps}}, true});
+  const RowSpec spec{{"x"}, {"y"}, {{"w", Fill::uniform_positive}, {"b", Fill::normal}}, "b",
+                     {{"eps", kEps}}, true};
+  std::vector<Case> cases = row_cases(spec);
+  // A row that one warp holds in the CUDA cuda_vec16_rowblock kernel (bf16: 32 threads x 8 packs).
+  cases.push_back(row_case(spec, "16x2048_one_warp_row", CaseGroup::edge, {16, 2048}));
+  return cases;
 }
 
 std::vector<Case> layer_norm_backward_cases() {
-  return row_cases({{"dy", "x"}, {"dx"}, {{"w", Fill::uniform_positive}}, nullptr, {{"eps", kEps}}});
+  const RowSpec spec{{"dy", "x"}, {"dx"}, {{"w", Fill::uniform_positive}}, nullptr, {{"eps", kEps}}};
+  std::vector<Case> cases = row_cases(spec);
+  // More rows than a GPU holds blocks of the CUDA cuda_vec16_async kernel at once, so each block
+  // runs several rows through its shared-memory row pipeline (test mode skips the large group).
+  cases.push_back(row_case(spec, "1600x4096_rows_per_block", CaseGroup::edge, {1600, 4096}));
+  return cases;
 }
 
 std::vector<Case> group_norm_cases() { return group_cases(false); }

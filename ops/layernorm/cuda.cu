@@ -555,6 +555,7 @@ const char* layer_norm_backward_cuda_vec16_applicable(const TensorView& dx, cons
 }
 
 void register_layernorm_cuda(Registry& reg) {
+  register_layernorm_cuda_fast(reg);  // cuda_fast.cu: the priority-300 kernels
   reg.add_kernel<LayerNorm>(
       cuda_kernel_desc("cuda_vec16", 200,
                        "16-byte packs, row held in registers (x read once), centred f32 "

@@ -24,8 +24,13 @@
 //    input); the predicate asks 16-byte aligned bases, V and row strides multiples of the pack for
 //    every [N, V] tensor the kernel touches. cuda (priority 100): units are single elements,
 //    coalesced across the threads of a row, any layout the check accepts (odd V, padded rows).
-//  - All math in f32: accurate logf; exp per Note [element exp] (expf for f32 data, __expf for
-//    16-bit data). int64 offsets throughout (row * row_stride + unit * width).
+//  - cuda_vec16_fast (priority 300, kl_div and jsd reduced forward only): Note [unrolled pair
+//    rows]: the vec16 decomposition with 16 elements of each input loaded before use and the log of
+//    16-bit data on the special-function unit (Note [element log]); same predicate as cuda_vec16
+//    plus a reduction other than none.
+//  - All math in f32: accurate logf (except Note [element log]); exp per Note [element exp]
+//    (expf for f32 data, __expf for 16-bit data). int64 offsets throughout (row * row_stride +
+//    unit * width).
 #include <algorithm>
 #include <initializer_list>
 #include <limits>
@@ -56,10 +61,23 @@ struct PairParams {
   bool beta_zero, beta_one;
 };
 
+// Note [element log]: log of an element-loss term. The accurate logf (a polynomial of about 15
+// instructions) unless kFast: then 16-bit data takes __logf (lg2.approx on the special-function
+// unit, absolute error below 2^-21 on [0.5, 2], a few ulps elsewhere: far under the 2^-8 / 2^-11
+// spacing of bf16 / f16 data, as Note [element exp]) for normal arguments; zero, subnormal,
+// negative and NaN arguments keep logf, so edge values (log 0 = -inf) are the reference's.
+template <class T, bool kFast> __device__ __forceinline__ float log_of(float x) {
+  if constexpr (kFast && !std::is_same_v<T, float>) {
+    if (x >= 1.17549435e-38f) return __logf(x);  // FLT_MIN; false for NaN
+  }
+  return logf(x);
+}
+
 // Element loss of (a, b): kl (y_pred, y_true), jsd (input = log Q, target = log P), tvd (p, q).
-template <class T, Pair K> __device__ __forceinline__ float element_loss(float a, float b, const PairParams& o) {
+template <class T, Pair K, bool kFastLog = false>
+__device__ __forceinline__ float element_loss(float a, float b, const PairParams& o) {
   if constexpr (K == Pair::kl) {
-    return b * (logf(fmaxf(b, o.eps)) - a);
+    return b * (log_of<T, kFastLog>(fmaxf(b, o.eps)) - a);
   } else if constexpr (K == Pair::kl_log) {
     return exp_of<T>(b) * (b - a);
   } else if constexpr (K == Pair::jsd) {
@@ -67,7 +85,7 @@ template <class T, Pair K> __device__ __forceinline__ float element_loss(float a
     if (o.beta_one) return exp_of<T>(a) * (a - b);
     const float q = exp_of<T>(a), p = exp_of<T>(b);
     const float m = o.beta * p + (1.0f - o.beta) * q;
-    return o.beta * p * b + (1.0f - o.beta) * q * a - m * logf(m);
+    return o.beta * p * b + (1.0f - o.beta) * q * a - m * log_of<T, kFastLog>(m);
   } else {
     return 0.5f * fabsf(a - b);
   }
@@ -145,6 +163,61 @@ __global__ void __launch_bounds__(256) pair_rows_kernel(PairArgs<T> p, int rt, i
       const typename U::Floats y = U::widen(U::load(b + u * W));
 #pragma unroll
       for (int j = 0; j < W; ++j) s += element_loss<T, K>(x.v[j], y.v[j], p.o);
+    }
+    s = row_sum(s, rt, scratch);
+    if (live && tid == 0) p.row_sums[v] = s;
+  }
+}
+
+// Note [unrolled pair rows]: the reduced forward of cuda_vec16_fast (kl_div, jsd). The same
+// (row, segment) decomposition and row-sum order per step as pair_rows_kernel, but each thread
+// issues the 16-byte loads of pair_unroll<T>() packs of both inputs (16 elements of each: 2 packs
+// of bf16 / f16, 4 of f32) before using any, so a warp keeps 2-4 KB in flight where
+// pair_rows_kernel kept 1 KB, and the logs of 16-bit
+// data run on the special-function unit (Note [element log]): with the accurate logf, jsd (two
+// exps and a log per element) and kl_div issued about as many instructions as the memory system
+// could feed and fell to 40-57% of the copy bandwidth. Per thread the unit order is fixed
+// (u0, u0 + rt, ..., by step), so the sums are deterministic. At most 64 registers a thread, so
+// four 256-thread blocks (64-128 KB of loads) share an SM; 16 elements of each input is what fits
+// them without spilling (4 packs of bf16, 64 elements, spilled about 100 bytes a thread).
+template <class T> constexpr int pair_unroll() { return 16 / Pack<T>::n; }
+
+template <class T, Pair K>
+__global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> p, int rt, int64_t splits,
+                                                                 int64_t seg_units) {
+  constexpr int N = Pack<T>::n;
+  constexpr int U = pair_unroll<T>();
+  __shared__ float scratch[32];
+  const int64_t units = p.vocab / N, segments = p.rows * splits;
+  const int per_block = int(blockDim.x) / rt;
+  const int64_t tid = int(threadIdx.x) % rt;
+  const int64_t step = int64_t(gridDim.x) * per_block;
+  // `base` is the same for every thread of the block, so all of them reach row_sum's barriers.
+  for (int64_t base = int64_t(blockIdx.x) * per_block; base < segments; base += step) {
+    const int64_t v = base + int(threadIdx.x) / rt;
+    const bool live = v < segments;
+    const int64_t row = live ? v / splits : 0;
+    const int64_t begin = live ? (v % splits) * seg_units : 0, end = min(units, begin + seg_units);
+    const bool kept = live && kept_row(p.labels, p.labels_stride, row, p.ignore_index);
+    const T* a = p.a + row * p.a_stride;
+    const T* b = p.b + row * p.b_stride;
+    float s = 0.0f;
+    for (int64_t u0 = begin + tid; kept && u0 < end; u0 += int64_t(U) * rt) {
+      Pack<T> xa[U], xb[U];
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const int64_t u = u0 + int64_t(k) * rt;
+        if (u < end) {
+          xa[k] = load_pack(a + u * N);
+          xb[k] = load_pack(b + u * N);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k)
+        if (u0 + int64_t(k) * rt < end)
+#pragma unroll
+          for (int j = 0; j < N; ++j)
+            s += element_loss<T, K, true>(to_f32(xa[k].v[j]), to_f32(xb[k].v[j]), p.o);
     }
     s = row_sum(s, rt, scratch);
     if (live && tid == 0) p.row_sums[v] = s;
@@ -278,7 +351,11 @@ int64_t splits_for(int64_t rows, int64_t units, int sm_count) {
   return std::max<int64_t>(1, std::min(wanted, units / kMinSegmentUnits));
 }
 
-template <bool kVec> void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
+// kFast: the reduced forward runs pair_rows_unrolled_kernel (vec16 only; Note [unrolled pair
+// rows]); reduction none is element-wise and the same for both.
+template <bool kVec, bool kFast = false>
+void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
+  static_assert(kVec || !kFast, "the unrolled kernel reads 16-byte packs");
   DeviceGuard guard(ctx.device.index);
   if (c.red == PairRed::none) {
     launch_elements<kVec>(ctx, c, false, loss, TensorView{}, nullptr, 1.0);
@@ -307,7 +384,10 @@ template <bool kVec> void forward(const Context& ctx, const PairCall& c, const T
       const int64_t blocks = std::min<int64_t>((segments + per_block - 1) / per_block, max_blocks);
       dispatch_pair(c.kind, [&](auto kind) {
         constexpr Pair K = decltype(kind)::value;
-        pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units);
+        if constexpr (kFast)
+          pair_rows_unrolled_kernel<T, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units);
+        else
+          pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units);
       });
       check_launch(c.op);
     });
@@ -381,13 +461,13 @@ using namespace cuda::loss;  // NOLINT
 
 namespace {
 
-template <bool kVec> void kl_div_fwd(const Context& ctx, const TensorView& loss, const TensorView& y_pred,
-                                     const TensorView& y_true, bool log_target, std::string_view reduction,
-                                     double eps) {
+template <bool kVec, bool kFast = false>
+void kl_div_fwd(const Context& ctx, const TensorView& loss, const TensorView& y_pred, const TensorView& y_true,
+                bool log_target, std::string_view reduction, double eps) {
   const TensorView none;
   const PairCall c{KlDiv::name, log_target ? Pair::kl_log : Pair::kl, pair_red_of(reduction), &y_pred, &y_true,
                    &none, 0, params(eps, 0)};
-  forward<kVec>(ctx, c, loss);
+  forward<kVec, kFast>(ctx, c, loss);
 }
 template <bool kVec> void kl_div_bwd(const Context& ctx, const TensorView& dy_pred, const TensorView& dloss,
                                      const TensorView& y_true, bool log_target, std::string_view reduction,
@@ -397,11 +477,11 @@ template <bool kVec> void kl_div_bwd(const Context& ctx, const TensorView& dy_pr
                    &y_true, &none, 0, params(eps, 0)};
   backward<kVec>(ctx, c, dy_pred, dloss);
 }
-template <bool kVec> void jsd_fwd(const Context& ctx, const TensorView& loss, const TensorView& input,
-                                  const TensorView& target, const TensorView& labels, double beta,
-                                  int64_t ignore_index) {
+template <bool kVec, bool kFast = false>
+void jsd_fwd(const Context& ctx, const TensorView& loss, const TensorView& input, const TensorView& target,
+             const TensorView& labels, double beta, int64_t ignore_index) {
   const PairCall c{Jsd::name, Pair::jsd, PairRed::batchmean, &input, &target, &labels, ignore_index, params(0, beta)};
-  forward<kVec>(ctx, c, loss);
+  forward<kVec, kFast>(ctx, c, loss);
 }
 template <bool kVec> void jsd_bwd(const Context& ctx, const TensorView& dinput, const TensorView& dloss,
                                   const TensorView& input, const TensorView& target, const TensorView& labels,
@@ -446,6 +526,18 @@ const char* kl_div_cuda_vec16_applicable(const TensorView& loss, const TensorVie
   return packs_problem({&y_pred, &y_true, none ? &loss : &y_pred});
 }
 
+// cuda_vec16_fast: the reduced forward of Note [unrolled pair rows]; reduction none goes to cuda_vec16.
+void kl_div_cuda_vec16_fast(const Context& ctx, const TensorView& loss, const TensorView& y_pred,
+                            const TensorView& y_true, bool log_target, std::string_view reduction, double eps) {
+  kl_div_fwd<true, true>(ctx, loss, y_pred, y_true, log_target, reduction, eps);
+}
+const char* kl_div_cuda_vec16_fast_applicable(const TensorView& loss, const TensorView& y_pred,
+                                              const TensorView& y_true, bool log_target, std::string_view reduction,
+                                              double eps) {
+  if (pair_red_of(reduction) == PairRed::none) return "reduction none is element-wise (cuda_vec16)";
+  return kl_div_cuda_vec16_applicable(loss, y_pred, y_true, log_target, reduction, eps);
+}
+
 void kl_div_backward_cuda(const Context& ctx, const TensorView& dy_pred, const TensorView& dloss,
                           const TensorView& y_true, bool log_target, std::string_view reduction, double eps) {
   kl_div_bwd<false>(ctx, dy_pred, dloss, y_true, log_target, reduction, eps);
@@ -485,6 +577,15 @@ const char* jsd_cuda_vec16_applicable(const TensorView& loss, const TensorView& 
                                       const TensorView& labels, double beta, int64_t ignore_index) {
   if (const char* why = jsd_cuda_applicable(loss, input, target, labels, beta, ignore_index)) return why;
   return packs_problem({&input, &target});
+}
+
+void jsd_cuda_vec16_fast(const Context& ctx, const TensorView& loss, const TensorView& input,
+                         const TensorView& target, const TensorView& labels, double beta, int64_t ignore_index) {
+  jsd_fwd<true, true>(ctx, loss, input, target, labels, beta, ignore_index);
+}
+const char* jsd_cuda_vec16_fast_applicable(const TensorView& loss, const TensorView& input, const TensorView& target,
+                                           const TensorView& labels, double beta, int64_t ignore_index) {
+  return jsd_cuda_vec16_applicable(loss, input, target, labels, beta, ignore_index);
 }
 
 void jsd_backward_cuda(const Context& ctx, const TensorView& dinput, const TensorView& dloss,
@@ -563,6 +664,13 @@ void register_divergence_cuda(Registry& reg) {
     reg.add_kernel<Op>(cuda_kernel_desc("cuda_vec16", 200, is_backward ? bwd_vec : fwd_vec, false), vec16, vec16_ok);
     reg.add_kernel<Op>(cuda_kernel_desc("cuda", 100, is_backward ? bwd : fwd, false), scalar, scalar_ok);
   };
+  const char* fwd_fast =
+      "reduced forward: 16 elements of both inputs in flight per thread, special-function-unit log for 16-bit "
+      "data, per-segment sums then a fixed-order sum";
+  reg.add_kernel<KlDiv>(cuda_kernel_desc("cuda_vec16_fast", 300, fwd_fast, false), &kl_div_cuda_vec16_fast,
+                        &kl_div_cuda_vec16_fast_applicable);
+  reg.add_kernel<Jsd>(cuda_kernel_desc("cuda_vec16_fast", 300, fwd_fast, false), &jsd_cuda_vec16_fast,
+                      &jsd_cuda_vec16_fast_applicable);
   add(KlDiv{}, &kl_div_cuda_vec16, &kl_div_cuda_vec16_applicable, &kl_div_cuda, &kl_div_cuda_applicable, false);
   add(KlDivBackward{}, &kl_div_backward_cuda_vec16, &kl_div_backward_cuda_vec16_applicable, &kl_div_backward_cuda,
       &kl_div_backward_cuda_applicable, true);

@@ -76,6 +76,17 @@ const char* jsd_cuda_applicable(const TensorView& loss, const TensorView& input,
 const char* jsd_cuda_vec16_applicable(const TensorView& loss, const TensorView& input, const TensorView& target,
                                       const TensorView& labels, double beta, int64_t ignore_index);
 
+// cuda_vec16_fast (cuda_divergence.cu, Note [unrolled pair rows]): reduced forward only.
+void kl_div_cuda_vec16_fast(const Context&, const TensorView& loss, const TensorView& y_pred,
+                            const TensorView& y_true, bool log_target, std::string_view reduction, double eps);
+const char* kl_div_cuda_vec16_fast_applicable(const TensorView& loss, const TensorView& y_pred,
+                                              const TensorView& y_true, bool log_target,
+                                              std::string_view reduction, double eps);
+void jsd_cuda_vec16_fast(const Context&, const TensorView& loss, const TensorView& input,
+                         const TensorView& target, const TensorView& labels, double beta, int64_t ignore_index);
+const char* jsd_cuda_vec16_fast_applicable(const TensorView& loss, const TensorView& input,
+                                           const TensorView& target, const TensorView& labels, double beta,
+                                           int64_t ignore_index);
 void jsd_backward_cuda(const Context&, const TensorView& dinput, const TensorView& dloss, const TensorView& input,
                        const TensorView& target, const TensorView& labels, double beta, int64_t ignore_index);
 void jsd_backward_cuda_vec16(const Context&, const TensorView& dinput, const TensorView& dloss,

@@ -12,6 +12,11 @@
 //
 // Modes and launches (all on ctx.stream, no host synchronization, no allocation after the first
 // call with a larger grid):
+//  - cuda_vec16_coop (priority 300; per_tensor with contiguous x and q, x 16-byte aligned, q
+//    aligned to N bytes): one cooperative launch (Note [one-launch per-tensor quant]): a grid-wide
+//    amax of 16-byte loads, a grid barrier, then the quantize pass in reverse order. Bytes per
+//    element: x read twice (the second time partly, at 1024 x 4096 entirely, from L2) and q written
+//    once. The kernels below stay as the fallback (padded rows, other modes).
 //  - per_tensor, three launches: (1) amax partials, one per block of a grid of at most 8 blocks
 //    per SM, into the per-stream workspace (Note [cuda workspace]); (2) one block reduces the
 //    partials, writes scale[0] = s; (3) the quantize kernel reads s = scale[0] on the device and
@@ -29,6 +34,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/quant/internal.h"
@@ -74,21 +80,26 @@ __device__ __forceinline__ float unit_amax(const T* x, int64_t col, float amax) 
   }
 }
 
+// q[0, N) = e4m3(p * inv) for one pack, one 8-byte (N = 8) or 4-byte (N = 4) store.
+template <class T>
+__device__ __forceinline__ void store_quant_pack(const Pack<T>& p, uint8_t* q, float inv) {
+  constexpr int N = Pack<T>::n;  // 4 (f32) or 8 (f16, bf16)
+  uint32_t w[N / 4];
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k) {
+    const uint32_t lo = to_e4m3x2(to_f32(p.v[4 * k]), to_f32(p.v[4 * k + 1]), inv);
+    const uint32_t hi = to_e4m3x2(to_f32(p.v[4 * k + 2]), to_f32(p.v[4 * k + 3]), inv);
+    w[k] = lo | (hi << 16);
+  }
+  if constexpr (N == 8) *reinterpret_cast<uint2*>(q) = make_uint2(w[0], w[1]);
+  else *reinterpret_cast<uint32_t*>(q) = w[0];
+}
+
 // q = e4m3(x * inv) for one column unit.
 template <class T, bool kVec>
 __device__ __forceinline__ void unit_quant(const T* x, uint8_t* q, int64_t col, float inv) {
   if constexpr (kVec) {
-    constexpr int N = Pack<T>::n;  // 4 (f32) or 8 (f16, bf16)
-    const Pack<T> p = load_pack(x + col);
-    uint32_t w[N / 4];
-#pragma unroll
-    for (int k = 0; k < N / 4; ++k) {
-      const uint32_t lo = to_e4m3x2(to_f32(p.v[4 * k]), to_f32(p.v[4 * k + 1]), inv);
-      const uint32_t hi = to_e4m3x2(to_f32(p.v[4 * k + 2]), to_f32(p.v[4 * k + 3]), inv);
-      w[k] = lo | (hi << 16);
-    }
-    if constexpr (N == 8) *reinterpret_cast<uint2*>(q + col) = make_uint2(w[0], w[1]);
-    else *reinterpret_cast<uint32_t*>(q + col) = w[0];
+    store_quant_pack(load_pack(x + col), q + col, inv);
   } else {
     q[col] = to_e4m3(to_f32(x[col]), inv);
   }
@@ -179,6 +190,116 @@ __global__ void __launch_bounds__(256) per_token_kernel(Args<T> a, float* scales
   }
 }
 
+// ---- per_tensor, cooperative: amax and quantize in one launch ------------------------------------
+// Note [one-launch per-tensor quant]: x and q contiguous, seen as flat arrays of n elements:
+// n / N packs, then n % N tail elements (scalar, by the last block). G resident blocks (a
+// cooperative launch); block b owns the packs [b * C, (b + 1) * C) and walks them in steps of
+// kCoopUnroll * blockDim.x packs (all kCoopUnroll loads of a thread issued before their use).
+// Phase 1: the block's max |x| to partial[b]. A grid barrier (Note [grid barrier]). Phase 2: every
+// block takes the max of the G partials itself (max is exact in any order, so all agree on s;
+// block 0 writes scale[0]), then quantizes its packs in reverse step order: the last step's
+// packs are still in registers, and the most recently read ones, the likeliest to still be in L2,
+// come next (at 1024 x 4096 bf16 all of x fits in L2 and phase 2 reads none of it from DRAM). No workspace beyond G floats, no host round trip,
+// one launch instead of three.
+constexpr int kCoopThreads = 512;
+constexpr int kCoopUnroll = 4;
+
+template <class T> struct FlatArgs {
+  const T* x;
+  uint8_t* q;
+  int64_t n;  // elements
+};
+
+template <class T>
+__global__ void __launch_bounds__(kCoopThreads)
+    per_tensor_coop_kernel(FlatArgs<T> a, float* partial, unsigned* barrier, float* scale_out) {
+  constexpr int N = Pack<T>::n;
+  constexpr int U = kCoopUnroll;
+  __shared__ float scratch[32];
+  const int64_t packs = a.n / N;
+  const int64_t per_block = (packs + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = min(packs, int64_t(blockIdx.x) * per_block);
+  const int64_t end = min(packs, begin + per_block);
+  const int64_t span = int64_t(U) * blockDim.x;
+  const int64_t steps = (end - begin + span - 1) / span;
+  const bool tail_block = blockIdx.x == gridDim.x - 1;
+
+  float amax = 0.0f;
+  Pack<T> v[U];  // after phase 1: the packs of the last step, quantized from registers
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t p0 = begin + step * span + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (p0 + int64_t(u) * blockDim.x < end) v[u] = load_pack(a.x + (p0 + int64_t(u) * blockDim.x) * N);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (p0 + int64_t(u) * blockDim.x < end)
+#pragma unroll
+        for (int j = 0; j < N; ++j) amax = fmaxf(amax, fabsf(to_f32(v[u].v[j])));
+  }
+  if (tail_block)
+    for (int64_t e = packs * N + threadIdx.x; e < a.n; e += blockDim.x)
+      amax = fmaxf(amax, fabsf(to_f32(a.x[e])));
+  amax = block_max(amax, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = amax;
+
+  grid_barrier(barrier, gridDim.x);
+
+  float all = 0.0f;
+  for (int64_t i = threadIdx.x; i < gridDim.x; i += blockDim.x) all = fmaxf(all, __ldcg(partial + i));
+  all = block_max(all, scratch);
+  const float s = scale_of(all);
+  if (blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = s;
+  const float inv = 1.0f / s;
+  if (tail_block)
+    for (int64_t e = packs * N + threadIdx.x; e < a.n; e += blockDim.x)
+      a.q[e] = to_e4m3(to_f32(a.x[e]), inv);
+  for (int64_t step = steps - 1; step >= 0; --step) {
+    const int64_t p0 = begin + step * span + threadIdx.x;
+    if (step != steps - 1)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (p0 + int64_t(u) * blockDim.x < end) v[u] = load_pack(a.x + (p0 + int64_t(u) * blockDim.x) * N);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (p0 + int64_t(u) * blockDim.x < end)
+        store_quant_pack(v[u], a.q + (p0 + int64_t(u) * blockDim.x) * N, inv);
+  }
+}
+
+template <class T>
+void launch_per_tensor_coop(const Context& ctx, const FlatArgs<T>& a, float* scale_out) {
+  auto kernel = per_tensor_coop_kernel<T>;
+  static std::atomic<int> per_sm{0};  // blocks of this instantiation that fit on an SM
+  int fit = per_sm.load(std::memory_order_relaxed);
+  if (fit == 0) {
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kCoopThreads, 0));
+    fit = std::max(fit, 1);
+    per_sm.store(fit, std::memory_order_relaxed);
+  }
+  const int64_t resident = int64_t(fit) * cuda_device_props(ctx.device.index).sm_count;
+  const int64_t span = int64_t(kCoopUnroll) * kCoopThreads;
+  const int64_t packs = a.n / Pack<T>::n;
+  const int64_t blocks = std::max<int64_t>(1, std::min(resident, (packs + span - 1) / span));
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, blocks * int64_t(sizeof(float))));
+  unsigned* barrier = cuda_grid_barrier(ctx);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(unsigned(kCoopThreads));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream_of(ctx);
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, a, partial, barrier, scale_out);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // a refused launch is not an error of the next one
+    throw_cuda_error("quant_fp8_cuda_vec16_coop cooperative launch", status);
+  }
+}
+
 // ---- launchers -----------------------------------------------------------------------------------
 int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
 
@@ -253,6 +374,19 @@ void run(const Context& ctx, const TensorView& q, const TensorView& scale, const
   });
 }
 
+void run_coop(const Context& ctx, const TensorView& q, const TensorView& scale,
+              const TensorView& x) {
+  DeviceGuard guard(ctx.device.index);
+  dispatch_float(x.dtype, QuantFp8::name, [&](auto tag) {
+    using T = decltype(tag);
+    FlatArgs<T> a{};
+    a.x = x.ptr<T>();
+    a.q = q.ptr<uint8_t>();
+    a.n = x.numel();
+    launch_per_tensor_coop<T>(ctx, a, scale.ptr<float>());
+  });
+}
+
 }  // namespace
 }  // namespace cuda::quant
 
@@ -283,7 +417,32 @@ const char* quant_fp8_cuda_vec16_applicable(const TensorView& q, const TensorVie
   return nullptr;
 }
 
+void quant_fp8_cuda_vec16_coop(const Context& ctx, const TensorView& q, const TensorView& scale,
+                               const TensorView& x, const TensorView&, std::string_view,
+                               double) {
+  cuda::quant::run_coop(ctx, q, scale, x);
+}
+const char* quant_fp8_cuda_vec16_coop_applicable(const TensorView& q, const TensorView&,
+                                                 const TensorView& x, const TensorView&,
+                                                 std::string_view mode, double) {
+  if (!cuda::is_cuda_float(x.dtype)) return cuda::kNotCudaFloat;
+  if (mode != "per_tensor") return "mode is not per_tensor";
+  if (!x.is_contiguous()) return "x is not contiguous";
+  if (!q.is_contiguous()) return "q is not contiguous";
+  if (!cuda::aligned16(x.data)) return "x is not 16-byte aligned";
+  const int64_t n = 16 / x.itemsize();  // elements of a pack = bytes of q per pack
+  if ((reinterpret_cast<uintptr_t>(q.data) % uintptr_t(n)) != 0)
+    return n == 8 ? "q is not 8-byte aligned" : "q is not 4-byte aligned";
+  return nullptr;
+}
+
 void register_quant_cuda(Registry& reg) {
+  reg.add_kernel<QuantFp8>(
+      cuda_kernel_desc("cuda_vec16_coop", 300,
+                       "per_tensor, contiguous: one cooperative launch, grid-wide amax of 16-byte "
+                       "loads, grid barrier, quantize in reverse order (L2 hits), bit-exact",
+                       false),
+      &quant_fp8_cuda_vec16_coop, &quant_fp8_cuda_vec16_coop_applicable);
   KernelDesc vec = cuda_kernel_desc(
       "cuda_vec16", 200,
       "16-byte loads of x, 4/8-byte stores of q, hardware satfinite e4m3 conversion, scale kept "

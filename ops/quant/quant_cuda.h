@@ -25,6 +25,16 @@ const char* quant_fp8_cuda_vec16_applicable(const TensorView& q, const TensorVie
                                             const TensorView& x, const TensorView& static_scale,
                                             std::string_view mode, double scale_ub);
 
+//   quant_fp8_cuda_vec16_coop  per_tensor mode, contiguous x and q: one cooperative launch
+//                              (Note [one-launch per-tensor quant] in cuda.cu)
+void quant_fp8_cuda_vec16_coop(const Context&, const TensorView& q, const TensorView& scale,
+                               const TensorView& x, const TensorView& static_scale,
+                               std::string_view mode, double scale_ub);
+const char* quant_fp8_cuda_vec16_coop_applicable(const TensorView& q, const TensorView& scale,
+                                                 const TensorView& x,
+                                                 const TensorView& static_scale,
+                                                 std::string_view mode, double scale_ub);
+
 void register_quant_cuda(Registry& reg);
 
 }  // namespace opforge

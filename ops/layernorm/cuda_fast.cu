@@ -1,0 +1,561 @@
+// Bandwidth-first CUDA kernels of layer_norm and layer_norm_backward (the math is the ops' docs and
+// ops/layernorm/cuda.cu's header). They are registered above cuda_vec16 (ops/layernorm/cuda.cu),
+// which stays as the fallback for the shapes their predicates reject.
+//
+// cuda_vec16_rowblock (layer_norm, priority 300).
+//  - One small block per row, each thread holding K 16-byte packs of the row in registers
+//    (pack i of the row in thread i % blockDim.x, slot i / blockDim.x), so x is read from DRAM
+//    once and y written once: 2 * itemsize bytes per element, the minimum. K = 4 (bf16, f16) or
+//    8 (f32), 32 elements a thread, for rows of at least 32 * K packs (hidden 4096: 128 threads
+//    in every dtype), fewer for shorter rows so that a row still fills a warp; blockDim.x =
+//    ceil(packs / K) rounded up to a warp.
+//  - Why it is fast: cuda_vec16 gives a row 512 threads x 1 pack, so an SM holds 2-4 rows
+//    (16-32 KB) in flight and its large blocks stall on 6 block barriers per row. Here a thread
+//    issues all K loads back to back, an SM holds up to 8 rows (64 KB at hidden 4096 bf16, 64
+//    registers a thread) in flight, and a row's reductions are a butterfly within a warp plus
+//    one shared-memory step across 4 warps. The grid is one block per row (capped at the grid
+//    limit, blocks loop): the block scheduler keeps every SM full and balances the tail without
+//    a fixed row split; 16 rows are 16 blocks, one DRAM round trip.
+//  - Statistics: the mean from the row sum, then the centred pass over the registers (sum of
+//    d = x - mean and of d^2, one paired reduction) with the correction mean += sum(d) / n,
+//    var * n = sum(d^2) - sum(d)^2 / n (as cuda_vec16: no E[x^2] - E[x]^2 cancellation).
+//  - w and b are read per row from L1/L2 (__ldg), not DRAM: their 2 * hidden elements stay
+//    cached across the rows of an SM.
+//  - Predicate: f32/f16/bf16; hidden a multiple of the pack, at least 64 packs (shorter rows go
+//    to cuda_vec16, which packs several rows into one block) and at most 32768; x and y rows
+//    16-byte aligned (base and row stride); w (and b) contiguous and 16-byte aligned.
+//
+// cuda_vec16_async (layer_norm_backward, priority 300).
+//  - A cooperative launch of G resident blocks (G from the SM count and the occupancy of this
+//    kernel; with few rows, blocks without rows join only the dw/db reduction, about 8 threads per
+//    column); block b owns the rows [b * C, (b + 1) * C), each thread K 16-byte packs of a row:
+//    K = 1 below 512 packs, else 2 (blockDim.x = packs / K rounded up to a warp, at most 512;
+//    hidden 4096: 256 threads bf16, 512 f32; at most 1024 packs, hidden 8192 bf16, 4096 f32).
+//  - Note [async row pipeline]: x and dy of the next kStages - 1 rows are copied to shared memory
+//    with cp.async (16 bytes a pack, LDGSTS) while the current row is reduced and written, so
+//    every block keeps (kStages - 1) * 2 rows of loads in flight through its reductions without
+//    spending registers on them (the register-resident kernel held only the current row and
+//    reached about half of the copy bandwidth). Each thread copies and later reads back only its
+//    own 16 bytes, so its own cp.async.wait_group orders them (no barrier), and it refills a slot
+//    only after it has used the values it read from it.
+//  - dw and db (Note [deterministic dw] in ops/norm/cuda_backward.cu): each thread sums its
+//    columns' dy * xhat and dy over the block's rows in f32 registers, the block writes one row
+//    of partials [G, 2 * hidden] to the per-stream workspace, a grid barrier (Note [grid barrier]),
+//    then block b sums its slice of the 2 * hidden columns over the G partials in a fixed order
+//    and rounds once (Note [one-launch dw] in ops/norm/cuda_backward.cu). No float atomics: the
+//    bits depend only on the inputs, the SM count and this kernel's occupancy.
+//  - Bytes: x, dy read once, dx written once (3 * itemsize per element) plus the partials
+//    (G * 2 * hidden floats written and read back, mostly from L2).
+//  - Predicate: f32/f16/bf16; hidden a multiple of the pack and at most 1024 packs; dx, dy, x rows
+//    16-byte aligned (base and row stride); w contiguous and 16-byte aligned.
+//
+// Both: f32 arithmetic, int64 row offsets (row * row_stride), launches on ctx.stream, no host
+// synchronization; the backward's workspace is allocated only on the first call with a larger
+// shape. y may alias x exactly in the forward: every element is read into registers by the thread
+// that later writes it. The backward outputs overlap no input (its check).
+#include <algorithm>
+#include <atomic>
+#include <initializer_list>
+
+#include "ops/layernorm/layernorm_cuda.h"
+#include "ops/norm/cuda_common.cuh"
+
+namespace opforge {
+namespace cuda::layernorm_fast {
+namespace {
+
+using norm::row_stride_of;
+
+constexpr int kMaxThreads = 1024;
+// Forward: at most 32 elements a thread (K = 4 packs of bf16/f16, 8 of f32): the f32 copies of a
+// row slice fit the 64 registers of a 1024-thread launch bound (at 8 bf16 packs, 64 elements, the
+// kernel spilled 232 bytes a thread).
+template <class T> constexpr int fwd_max_k() { return 32 / Pack<T>::n; }
+constexpr int kFwdMinPacks = 64;  // shorter rows: cuda_vec16 (rows share a block)
+constexpr int kStages = 3;        // Note [async row pipeline]
+
+template <class T> struct FwdArgs {
+  T* y;
+  const T* x;
+  const T* w;
+  const T* b;  // nullptr: no bias
+  int64_t y_stride, x_stride;  // row strides in elements
+  int64_t rows, hidden;
+  float eps;
+};
+
+template <class T> struct BwdArgs {
+  T* dx;
+  const T* dy;
+  const T* x;
+  const T* w;
+  int64_t dx_stride, dy_stride, x_stride;
+  int64_t rows, hidden;
+  float eps;
+};
+
+__device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
+  return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
+}
+
+// Sums of V values over the block (blockDim.x a multiple of 32, at most 1024): a butterfly within
+// each warp, then, with more than one warp, the warp results go through shared memory and are
+// added in a fixed order: by every thread in warp order for up to 8 warps, else by a second
+// butterfly over the warp results (2 instructions per value per thread instead of 2 per warp).
+// Every thread gets the same bits (Note [cuda reductions]). `scratch` holds V * 32 floats and is
+// not written again by this call; the caller alternates two scratch arrays (see the kernels).
+template <int V> __device__ __forceinline__ void team_sum(float (&v)[V], float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+#pragma unroll
+  for (int i = 0; i < V; ++i) v[i] = group_sum<32>(v[i]);
+  if (n_warps == 1) return;  // block-uniform
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < V; ++i) scratch[i * 32 + warp] = v[i];
+  __syncthreads();
+  if (n_warps <= 8) {  // block-uniform
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      float s = 0.0f;
+      for (int w = 0; w < n_warps; ++w) s += scratch[i * 32 + w];
+      v[i] = s;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = group_sum<32>(lane < n_warps ? scratch[i * 32 + lane] : 0.0f);
+  }
+}
+
+// ---- forward ---------------------------------------------------------------------------------------
+template <class T, int K>
+__global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArgs<T> a) {
+  constexpr int N = Pack<T>::n;
+  __shared__ float scratch_sum[32];
+  __shared__ float scratch_centred[2 * 32];
+  const int n_packs = int(a.hidden / N);
+  const int t = threadIdx.x, threads = blockDim.x;
+  const float inv_h = 1.0f / float(a.hidden);
+  const bool has_b = a.b != nullptr;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // block-uniform
+    const T* x = a.x + row * a.x_stride;
+    Pack<T> xp[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = t + k * threads;
+      if (i < n_packs) xp[k] = load_pack(x + int64_t(i) * N);
+    }
+    float sum[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (t + k * threads < n_packs)
+#pragma unroll
+        for (int j = 0; j < N; ++j) sum[0] += to_f32(xp[k].v[j]);
+    team_sum<1>(sum, scratch_sum);
+    float mean = sum[0] * inv_h;
+    float cs[2] = {0.0f, 0.0f};  // sum d, sum d^2 with d = x - mean
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (t + k * threads < n_packs)
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float d = to_f32(xp[k].v[j]) - mean;
+          cs[0] += d;
+          cs[1] += d * d;
+        }
+    team_sum<2>(cs, scratch_centred);
+    const float shift = cs[0] * inv_h;
+    mean += shift;
+    const float rstd = rstd_of(fmaxf(cs[1] - cs[0] * shift, 0.0f), a.hidden, a.eps);
+    T* y = a.y + row * a.y_stride;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = t + k * threads;
+      if (i < n_packs) {
+        const Pack<T> wp = load_pack_readonly(a.w + int64_t(i) * N);
+        Pack<T> bp;
+        if (has_b) bp = load_pack_readonly(a.b + int64_t(i) * N);
+        Pack<T> out;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float bias = has_b ? to_f32(bp.v[j]) : 0.0f;
+          out.v[j] = from_f32<T>((to_f32(xp[k].v[j]) - mean) * rstd * to_f32(wp.v[j]) + bias);
+        }
+        store_pack(y + int64_t(i) * N, out);
+      }
+    }
+    // No barrier before the next row: the two reductions use separate scratch arrays, and a
+    // thread can write one of them again only after passing the other's barrier, which every
+    // thread reaches after reading it.
+  }
+}
+
+// K for a row of n_packs: the largest of max_k, ..., 2, 1 that still leaves a full warp of packs.
+int fwd_k(int64_t n_packs, int max_k) {
+  int k = max_k;
+  while (k > 1 && n_packs < int64_t(32) * k) k /= 2;
+  return k;
+}
+
+template <class T, int K> void launch_fwd_k(const Context& ctx, const FwdArgs<T>& a, int64_t n_packs) {
+  const int threads = int((n_packs + K - 1) / K + 31) / 32 * 32;
+  layer_norm_rowblock_kernel<T, K><<<grid_for(a.rows, 1), threads, 0, stream_of(ctx)>>>(a);
+}
+
+template <class T> void launch_forward(const Context& ctx, const FwdArgs<T>& a) {
+  const int64_t n_packs = a.hidden / Pack<T>::n;
+  switch (fwd_k(n_packs, fwd_max_k<T>())) {
+    case 8: launch_fwd_k<T, fwd_max_k<T>() == 8 ? 8 : 4>(ctx, a, n_packs); break;
+    case 4: launch_fwd_k<T, 4>(ctx, a, n_packs); break;
+    case 2: launch_fwd_k<T, 2>(ctx, a, n_packs); break;
+    default: launch_fwd_k<T, 1>(ctx, a, n_packs); break;
+  }
+  check_launch("layer_norm_cuda_vec16_rowblock kernel launch");
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most `pending` of this thread's newest commit groups are still in flight.
+template <int pending> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+
+// Shared memory of the backward kernel: kStages stages, each x then dy, K packs a thread.
+__host__ __device__ constexpr int64_t bwd_smem_bytes(int threads, int k) {
+  return int64_t(kStages) * 2 * k * threads * 16;
+}
+
+// K packs a thread (pack i of a row in thread i % blockDim.x, slot i / blockDim.x): 1 for rows
+// of fewer than 512 packs, else 2 (blockDim.x at most 512: the 32 f32 dw/db accumulators of a
+// bf16 thread need more than the 64 registers of a 1024-thread bound). Two packs halve the warps
+// a row's reductions run on (hidden 4096 bf16: 8 warps instead of 16), the instructions that do
+// not scale with the row.
+template <class T, int K>
+__global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
+    layer_norm_bwd_async_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block,
+                                int64_t parts, unsigned* barrier, T* dw_out, int64_t dw_stride, T* db_out,
+                                int64_t db_stride) {
+  constexpr int N = Pack<T>::n;
+  extern __shared__ __align__(16) unsigned char stage_mem[];
+  __shared__ float scratch_sum[32];
+  __shared__ float scratch_rest[4 * 32];
+  __shared__ float slice[kMaxThreads];
+  const int n_packs = int(a.hidden / N);
+  const int t = threadIdx.x, threads = blockDim.x;
+  const float inv_h = 1.0f / float(a.hidden);
+  // This thread's k-th 16 bytes of x (tensor 0) and dy (tensor 1) in stage s.
+  auto slot = [&](int s, int tensor, int k) {
+    return stage_mem + ((int64_t(2 * s + tensor) * K + k) * threads + t) * 16;
+  };
+  auto active = [&](int k) { return t + k * threads < n_packs; };
+
+  Pack<T> wp[K];
+  float dw[K][N], db[K][N];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (active(k)) wp[k] = load_pack_readonly(a.w + int64_t(t + k * threads) * N);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.0f;
+  }
+
+  const int64_t first = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t last = min(a.rows, first + rows_per_block);
+  auto issue = [&](int64_t row, int s) {  // one commit group per call, empty past the chunk
+    if (row < last)
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (active(k)) {
+          const int64_t col = int64_t(t + k * threads) * N;
+          cp_async16(slot(s, 0, k), a.x + row * a.x_stride + col);
+          cp_async16(slot(s, 1, k), a.dy + row * a.dy_stride + col);
+        }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(first + s, s);
+
+  int stage = 0;
+  for (int64_t row = first; row < last; ++row) {  // block-uniform
+    // Refill the stage that the previous row read: each thread refills only its own slots, whose
+    // values it has already used.
+    issue(row + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
+    cp_async_wait<kStages - 1>();  // this row's group is complete
+    Pack<T> xp[K], gp[K];
+    float sum[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (active(k)) {
+        xp[k] = *reinterpret_cast<const Pack<T>*>(slot(stage, 0, k));
+        gp[k] = *reinterpret_cast<const Pack<T>*>(slot(stage, 1, k));
+#pragma unroll
+        for (int j = 0; j < N; ++j) sum[0] += to_f32(xp[k].v[j]);
+      }
+    team_sum<1>(sum, scratch_sum);
+    const float mean0 = sum[0] * inv_h;
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, sum d^2, sum g, sum g * d; g = dy * w
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (active(k))
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float d = to_f32(xp[k].v[j]) - mean0;
+          const float g = to_f32(gp[k].v[j]) * to_f32(wp[k].v[j]);
+          s[0] += d;
+          s[1] += d * d;
+          s[2] += g;
+          s[3] += g * d;
+        }
+    team_sum<4>(s, scratch_rest);
+    // Centred sums about the corrected mean (mean0 + shift): sum d'^2 = sum d^2 - sum d * shift,
+    // sum g * d' = sum g * d - shift * sum g.
+    const float shift = s[0] * inv_h;
+    const float mean = mean0 + shift;
+    const float rstd = rstd_of(fmaxf(s[1] - s[0] * shift, 0.0f), a.hidden, a.eps);
+    const float mean_g = s[2] * inv_h;
+    const float mean_gx = (s[3] - shift * s[2]) * rstd * inv_h;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (active(k)) {
+        Pack<T> out;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float xhat = (to_f32(xp[k].v[j]) - mean) * rstd;
+          const float gy = to_f32(gp[k].v[j]);
+          out.v[j] = from_f32<T>(rstd * (gy * to_f32(wp[k].v[j]) - mean_g - xhat * mean_gx));
+          dw[k][j] += gy * xhat;
+          db[k][j] += gy;
+        }
+        store_pack(a.dx + row * a.dx_stride + int64_t(t + k * threads) * N, out);
+      }
+    // No barrier before the next row: the two reductions alternate their scratch arrays (as in
+    // the forward), and a stage is refilled by the thread that read it, after using what it read.
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+  }
+  cp_async_wait<0>();  // nothing is left in flight (the groups past the chunk are empty)
+
+  float* dw_part = partial + int64_t(blockIdx.x) * 2 * a.hidden;
+  float* db_part = dw_part + a.hidden;
+  if (blockIdx.x < parts)  // the blocks past `parts` own no rows and only reduce
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (active(k)) {
+        const int64_t col = int64_t(t + k * threads) * N;
+#pragma unroll
+        for (int j = 0; j < N; j += 4) {
+          *reinterpret_cast<float4*>(dw_part + col + j) =
+              make_float4(dw[k][j], dw[k][j + 1], dw[k][j + 2], dw[k][j + 3]);
+          *reinterpret_cast<float4*>(db_part + col + j) =
+              make_float4(db[k][j], db[k][j + 1], db[k][j + 2], db[k][j + 3]);
+        }
+      }
+
+  grid_barrier(barrier, gridDim.x);
+
+  // Block b sums the `parts` partials of its slice of the 2 * hidden columns: `cw` columns at a
+  // time, `ny` threads per column each summing every ny-th partial in index order, then thread x
+  // of the first row adds the ny results in order.
+  const int64_t columns = 2 * a.hidden;
+  const int64_t per_block = (columns + gridDim.x - 1) / gridDim.x;
+  const int64_t c_begin = int64_t(blockIdx.x) * per_block;
+  const int64_t c_end = min(columns, c_begin + per_block);
+  const int cw = int(per_block < threads ? per_block : int64_t(threads));
+  const int ny = threads / cw;
+  const int cx = t % cw, py = t / cw;
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += cw) {  // block-uniform
+    const int64_t col = c0 + cx;
+    if (py < ny) {
+      float acc = 0.0f;
+      if (col < c_end)
+#pragma unroll 8
+        for (int64_t q = py; q < parts; q += ny) acc += __ldcg(partial + q * columns + col);
+      slice[py * cw + cx] = acc;
+    }
+    __syncthreads();
+    if (t < cw && col < c_end) {
+      float total = 0.0f;
+      for (int y = 0; y < ny; ++y) total += slice[y * cw + t];
+      if (col < a.hidden) dw_out[col * dw_stride] = from_f32<T>(total);
+      else db_out[(col - a.hidden) * db_stride] = from_f32<T>(total);
+    }
+    __syncthreads();
+  }
+}
+
+template <class T, int K>
+void launch_backward_k(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw,
+                       const TensorView& db) {
+  auto kernel = layer_norm_bwd_async_kernel<T, K>;
+  const int64_t n_packs = a.hidden / Pack<T>::n;
+  const int threads = int(((n_packs + K - 1) / K + 31) / 32 * 32);
+  const int64_t smem = bwd_smem_bytes(threads, K);
+  // Per instantiation: the dynamic shared memory allowed, set once to the most any block size
+  // needs (so no later call lowers it), and per block size the blocks that fit on an SM (a
+  // cooperative launch of more blocks than fit is refused).
+  static std::atomic<int> per_sm[kMaxThreads / 32 + 1];
+  static std::atomic<bool> smem_allowed{false};
+  if (!smem_allowed.load(std::memory_order_acquire)) {
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(bwd_smem_bytes(kMaxThreads, 1))));
+    smem_allowed.store(true, std::memory_order_release);
+  }
+  int fit = per_sm[threads / 32].load(std::memory_order_relaxed);
+  if (fit == 0) {
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, smem));
+    if (fit < 1)
+      throw Error(ErrorCode::internal,
+                  "layer_norm_backward_cuda_vec16_async: no block fits on an SM");
+    per_sm[threads / 32].store(fit, std::memory_order_relaxed);
+  }
+  const int64_t resident = int64_t(fit) * cuda_device_props(ctx.device.index).sm_count;
+  // `parts` blocks own rows (no rows: block 0 writes a zero partial, so dw = db = 0); with few
+  // rows more blocks join the column reduction, about 8 threads per column.
+  int64_t parts = 1, rows_per_block = 0;
+  if (a.rows > 0) {
+    rows_per_block = (a.rows + resident - 1) / resident;
+    parts = (a.rows + rows_per_block - 1) / rows_per_block;
+  }
+  const int64_t reducers = std::min(resident, (2 * a.hidden * 8 + threads - 1) / threads);
+  const int64_t blocks = std::max(parts, reducers);
+  auto* partial =
+      static_cast<float*>(cuda_workspace(ctx, parts * 2 * a.hidden * int64_t(sizeof(float))));
+  unsigned* barrier = cuda_grid_barrier(ctx);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = size_t(smem);
+  config.stream = stream_of(ctx);
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t status =
+      cudaLaunchKernelEx(&config, kernel, a, partial, rows_per_block, parts, barrier, dw.ptr<T>(),
+                         int64_t(dw.stride(0)), db.ptr<T>(), int64_t(db.stride(0)));
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // a refused launch is not an error of the next one
+    throw_cuda_error("layer_norm_backward_cuda_vec16_async cooperative launch", status);
+  }
+}
+
+template <class T>
+void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw,
+                     const TensorView& db) {
+  if (a.hidden / Pack<T>::n >= 512) launch_backward_k<T, 2>(ctx, a, dw, db);
+  else launch_backward_k<T, 1>(ctx, a, dw, db);
+}
+
+// ---- predicates ------------------------------------------------------------------------------------
+const char* vector_pack_problem(const TensorView& v, const char* not_contiguous,
+                                const char* not_aligned) {
+  if (v.stride(0) != 1 && v.size(0) > 1) return not_contiguous;
+  if (!aligned16(v.data)) return not_aligned;
+  return nullptr;
+}
+
+const char* packs_problem(std::initializer_list<const TensorView*> rows, const TensorView& x,
+                          const TensorView& w, const TensorView* b, int64_t min_packs,
+                          int64_t max_packs, const char* too_long) {
+  if (!is_cuda_float(x.dtype)) return kNotCudaFloat;
+  const int64_t n = 16 / x.itemsize();
+  const int64_t hidden = x.size(-1);
+  if (hidden % n != 0) return n == 8 ? "hidden % 8 != 0" : "hidden % 4 != 0";
+  if (hidden / n < min_packs)
+    return min_packs == kFwdMinPacks ? "row shorter than 64 packs (cuda_vec16 shares blocks)"
+                                     : "empty rows";
+  if (hidden / n > max_packs) return too_long;
+  if (const char* why = vector_pack_problem(w, "w is not contiguous", "w is not 16-byte aligned"))
+    return why;
+  if (b && b->defined())
+    if (const char* why = vector_pack_problem(*b, "b is not contiguous", "b is not 16-byte aligned"))
+      return why;
+  for (const TensorView* r : rows)
+    if (const char* why = pack_rows_problem(*r, hidden)) return why;
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cuda::layernorm_fast
+
+void layer_norm_cuda_vec16_rowblock(const Context& ctx, const TensorView& y, const TensorView& x,
+                                    const TensorView& w, const TensorView& b, double eps) {
+  namespace lf = cuda::layernorm_fast;
+  if (x.rows() == 0 || x.size(-1) == 0) return;
+  cuda::DeviceGuard guard(ctx.device.index);
+  cuda::dispatch_float(x.dtype, "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    lf::FwdArgs<T> a{};
+    a.y = y.ptr<T>(), a.y_stride = lf::row_stride_of(y);
+    a.x = x.ptr<T>(), a.x_stride = lf::row_stride_of(x);
+    a.w = w.ptr<T>();
+    if (b.defined()) a.b = b.ptr<T>();
+    a.rows = x.rows();
+    a.hidden = x.size(-1);
+    a.eps = float(eps);
+    lf::launch_forward<T>(ctx, a);
+  });
+}
+const char* layer_norm_cuda_vec16_rowblock_applicable(const TensorView& y, const TensorView& x,
+                                                      const TensorView& w, const TensorView& b,
+                                                      double) {
+  namespace lf = cuda::layernorm_fast;
+  // 32 elements a thread, 1024 threads: hidden 32768 in every dtype.
+  const int64_t max_packs = int64_t(32 / (16 / std::max<int64_t>(x.itemsize(), 1))) * lf::kMaxThreads;
+  return lf::packs_problem({&y, &x}, x, w, &b, lf::kFwdMinPacks, max_packs,
+                           "hidden longer than 32768 (32 elements x 1024 threads)");
+}
+
+void layer_norm_backward_cuda_vec16_async(const Context& ctx, const TensorView& dx,
+                                          const TensorView& dw, const TensorView& db,
+                                          const TensorView& dy, const TensorView& x,
+                                          const TensorView& w, double eps) {
+  namespace lf = cuda::layernorm_fast;
+  if (x.size(-1) == 0) return;
+  cuda::DeviceGuard guard(ctx.device.index);
+  cuda::dispatch_float(x.dtype, "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    lf::BwdArgs<T> a{};
+    a.dx = dx.ptr<T>(), a.dx_stride = lf::row_stride_of(dx);
+    a.dy = dy.ptr<T>(), a.dy_stride = lf::row_stride_of(dy);
+    a.x = x.ptr<T>(), a.x_stride = lf::row_stride_of(x);
+    a.w = w.ptr<T>();
+    a.rows = x.rows();
+    a.hidden = x.size(-1);
+    a.eps = float(eps);
+    lf::launch_backward<T>(ctx, a, dw, db);
+  });
+}
+const char* layer_norm_backward_cuda_vec16_async_applicable(const TensorView& dx,
+                                                            const TensorView&, const TensorView&,
+                                                            const TensorView& dy,
+                                                            const TensorView& x,
+                                                            const TensorView& w, double) {
+  namespace lf = cuda::layernorm_fast;
+  return lf::packs_problem({&dx, &dy, &x}, x, w, nullptr, 1, lf::kMaxThreads,
+                           "row longer than 1024 packs (one pack a thread)");
+}
+
+void register_layernorm_cuda_fast(Registry& reg) {
+  reg.add_kernel<LayerNorm>(
+      cuda_kernel_desc("cuda_vec16_rowblock", 300,
+                       "one small block per row, 8 16-byte packs a thread in registers (x read "
+                       "once), centred f32 statistics, many rows in flight per SM",
+                       true),
+      &layer_norm_cuda_vec16_rowblock, &layer_norm_cuda_vec16_rowblock_applicable);
+  // f32 dw / db tolerance as the other layer_norm_backward CUDA kernels (cuda.cu).
+  KernelDesc bwd = cuda_kernel_desc(
+      "cuda_vec16_async", 300,
+      "x and dy streamed into shared memory by cp.async, 2 rows ahead; one cooperative launch "
+      "with per-block f32 dw/db partials reduced in fixed order after a grid barrier",
+      false);
+  bwd.tolerances[DType::f32] = Tolerance{1e-4, 1e-4, 1e-10};
+  reg.add_kernel<LayerNormBackward>(std::move(bwd), &layer_norm_backward_cuda_vec16_async,
+                                    &layer_norm_backward_cuda_vec16_async_applicable);
+}
+
+}  // namespace opforge
