@@ -191,9 +191,11 @@ TEST(PerfdbInterp, LeaveOneOutComparesAndReportsEndsApart) {
   EXPECT_EQ(v[0].log_linear.points, v[0].points);
   EXPECT_LT(v[0].max_rel_err, 1e-12);
   EXPECT_LT(v[0].log_linear.max_rel_err, 1e-12);
-  ASSERT_EQ(v[0].ends.points, 2);  // tokens 1 (from 4: 4x below) and 4096 (from 2048)
-  EXPECT_NEAR(v[0].ends.max_rel_err, 1 - std::pow(4.0, -0.2), 1e-12);
-  EXPECT_EQ(v[0].ends.worst, "cpu bf16 tokens=1, hidden=4096 along tokens");
+  ASSERT_EQ(v[0].below.points, 1);  // tokens 1, from 4 (4x below)
+  EXPECT_NEAR(v[0].below.max_rel_err, 1 - std::pow(4.0, -0.2), 1e-12);
+  EXPECT_EQ(v[0].below.worst, "cpu bf16 tokens=1, hidden=4096 along tokens");
+  ASSERT_EQ(v[0].beyond.points, 1);  // tokens 4096, from 2048
+  EXPECT_NEAR(v[0].beyond.median_rel_err, std::pow(2.0, 0.2) - 1, 1e-12);
   // on a launch-floor curve the cubic's interior error is the smaller one
   Folder floor_dir;
   Database floor = load(floor_dir, curve_table([](double x) { return 2.0 + x / 100; }));

@@ -4,7 +4,8 @@
 //                                      relative error, PASS when median <= 3% and p90 <= 8% (the
 //                                      exit status is 0 either way; a malformed file is an error,
 //                                      status 2); beside it the plain log-log linear rule on the
-//                                      same points, and the grid ends by extrapolation
+//                                      same points, and the grid ends (beyond, below) by
+//                                      extrapolation, apart from the goal
 //   show --system S [--op OP]          each table's header, dims, impls, dtypes and row count
 //   query --system S --op OP [--impl auto] [--dtype bf16] [--interp cubic|linear] --dim NAME=VALUE ...
 //                                      the answer and how it was obtained
@@ -85,15 +86,18 @@ void run_validate(const PerfdbFlags& f) {
   std::cout << fmt::format("perf data of system '{}' ({}): leave-one-out along the axes\n", f.system, db.folder());
   std::cout << fmt::format("interior points, interpolated ({}); goal: median <= {:.0f}%, p90 <= {:.0f}%\n",
                            perfdb::interpolation_name(db.interpolation()), kGoalMedian * 100, kGoalP90 * 100);
-  std::cout << "beside them: the same points by the plain rule (linear in log-log between the two neighbours),\n"
-               "and the grid ends of each line extrapolated from their neighbour (roofline fraction held; not in the goal)\n\n";
-  std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {:>5} {:>8} {:>8}\n", "", "", "", "", "",
-                           "linear", "linear", "ends", "ends", "ends");
-  std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {:>5} {:>8} {:>8}  {}\n", "op", "points",
-                           "median", "p90", "goal", "median", "p90", "n", "median", "p90", "worst interior point");
+  std::cout << "beside them: the same points by the plain rule (linear in log-log between the two neighbours);\n"
+               "apart from the goal, the last and first row of each line extrapolated from its neighbour (roofline\n"
+               "fraction held): beyond the grid and below it\n\n";
+  std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}\n", "",
+                           "", "", "", "", "linear", "linear", "", "beyond", "beyond", "", "below", "below");
+  std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}  {}\n",
+                           "op", "points", "median", "p90", "goal", "median", "p90", "n", "median", "p90", "n", "median",
+                           "p90", "worst interior point");
   int pass = 0, fail = 0;
   for (const perfdb::ValidationRow& v : perfdb::leave_one_out(db)) {
-    std::string ends = fmt::format("{:>5} {:>8} {:>8}", v.ends.points, pct(v.ends, false), pct(v.ends, true));
+    std::string ends = fmt::format("{:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}", v.beyond.points, pct(v.beyond, false),
+                                   pct(v.beyond, true), v.below.points, pct(v.below, false), pct(v.below, true));
     if (v.points == 0) {
       std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {}  n/a (no interior points)\n", v.op,
                                0, "-", "-", "n/a", "-", "-", ends);

@@ -178,7 +178,7 @@ Cost cost_at(const std::string& op, const std::string& dtype, const Dims& dims);
 // axis, every row with stored neighbours on both sides of its line is predicted from the rest of
 // the line by the database's interpolation, as a query would if the row were not stored; relative
 // errors per op. The same interior rows are also predicted by the plain log-log linear rule, for
-// comparison, and the ends of each line (an extrapolation test, not part of the goal) separately.
+// comparison, and the two ends of each line (an extrapolation test, not part of the goal) apart.
 struct ValidationStats {
   int points = 0;
   double median_rel_err = 0;
@@ -195,9 +195,9 @@ struct ValidationRow {
   double max_rel_err = 0;
   std::string worst;
   ValidationStats log_linear;  // the same rows by Interpolation::log_linear
-  // The first and last row of each line (>= 2 rows), predicted from its neighbour on the line
-  // holding the roofline fraction (the query's extrapolation rule), when at most 4x away.
-  ValidationStats ends;
+  // The last (beyond) and first (below) row of each line (>= 2 rows), predicted from its neighbour
+  // on the line holding the roofline fraction (the query's extrapolation rule), when at most 4x away.
+  ValidationStats beyond, below;
 };
 std::vector<ValidationRow> leave_one_out(const Database& db);
 
