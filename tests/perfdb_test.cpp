@@ -369,7 +369,7 @@ TEST_F(PerfdbQuery, InterpolatedIsExactOnPowerLaws) {
     EXPECT_NEAR(*a.energy_uj / (3 * std::sqrt(double(tok))), 1.0, 1e-12);
   }
   EXPECT_EQ(db.query("rms_norm", "cpu", "bf16", {{"tokens", 700}, {"hidden", 4096}}).how,
-            "interpolated in tokens between 512 and 1024");
+            "interpolated in tokens between 512 and 1024 (monotone cubic in log-log)");
   // the formula, by hand, on two points: log t linear in log tokens
   double t512 = 0.5 * std::pow(512.0, 0.8), t1024 = 0.5 * std::pow(1024.0, 0.8);
   double w = (std::log(700.0) - std::log(512.0)) / (std::log(1024.0) - std::log(512.0));
@@ -526,12 +526,13 @@ TEST(PerfdbQuery2D, BilinearInLogsIsExactOnSeparablePowerLaws) {
   EXPECT_EQ(a.how, "bilinear in batch between 2 and 4 and context between 1024 and 2048");
   EXPECT_NEAR(a.us / (2 * std::pow(3.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
   Answer one = db.query("attention_decode", "cpu", "bf16", decode_at(4, 1500));
-  EXPECT_EQ(one.how, "interpolated in context between 1024 and 2048");
+  EXPECT_EQ(one.how, "interpolated in context between 1024 and 2048 (monotone cubic in log-log)");
   EXPECT_NEAR(one.us / (2 * std::pow(4.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
   // interpolated in one axis, extrapolated in the other
   Answer mix = db.query("attention_decode", "cpu", "bf16", decode_at(16, 1500));
   EXPECT_EQ(mix.method, Method::extrapolated);
-  EXPECT_NE(mix.how.find("interpolated in context between 1024 and 2048, extrapolated in batch from 8 (2.0x beyond)"),
+  EXPECT_NE(mix.how.find("interpolated in context between 1024 and 2048 (monotone cubic in log-log), extrapolated in "
+                         "batch from 8 (2.0x beyond)"),
             std::string::npos) << mix.how;
   EXPECT_NEAR(mix.us / (2 * std::pow(8.0, 0.9) * std::pow(1500.0, 0.6) * 2.0), 1.0, 1e-12);
   // non-axis dims exact
@@ -571,7 +572,8 @@ TEST(PerfdbQuery2D, NonRectangularGridsAnswerAlongAStoredValue) {
   EXPECT_NE(a.how.find("extrapolated in context from 1024 (2.0x beyond)"), std::string::npos) << a.how;
   EXPECT_NEAR(a.us, 2 * std::pow(8.0, 0.9) * std::pow(1024.0, 0.6) * 2, 1e-9);
   Answer b = db.query("attention_decode", "cpu", "bf16", decode_at(8, 700));
-  EXPECT_EQ(b.how, "interpolated in context between 512 and 1024");
+  // two stored points on that line: the straight line in log-log
+  EXPECT_EQ(b.how, "interpolated in context between 512 and 1024 (linear in log-log)");
 }
 
 // ---- leave-one-out -----------------------------------------------------------------------------
@@ -598,7 +600,9 @@ TEST(PerfdbValidate, LeaveOneOutSeesAnOutlier) {
   OpTable t = power_law_table("sysA");
   t.rows[5].median_us *= 1.5;  // hidden 4096, tokens 32
   write_table(t, dir / "sysA/rms_norm.csv");
-  std::vector<ValidationRow> v = leave_one_out(Database::load("sysA", dir.str()));
+  Database db = Database::load("sysA", dir.str());
+  db.set_interpolation(Interpolation::log_linear);  // the numbers below are the two-point rule's
+  std::vector<ValidationRow> v = leave_one_out(db);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].points, 18);
   // the outlier is 1/3 off its prediction; its neighbours (midpoints in log tokens, predicted
@@ -607,4 +611,13 @@ TEST(PerfdbValidate, LeaveOneOutSeesAnOutlier) {
   EXPECT_NEAR(v[0].p90_rel_err, std::sqrt(1.5) - 1, 1e-9);
   EXPECT_NEAR(v[0].max_rel_err, 1.0 / 3.0, 1e-9);
   EXPECT_EQ(v[0].worst, "cpu bf16 tokens=32, hidden=4096 along tokens");
+  EXPECT_NEAR(v[0].log_linear.p90_rel_err, v[0].p90_rel_err, 1e-15);  // the same rule, the same numbers
+  // the monotone cubic predicts the outlier as far off and, through the neighbours' slopes, spreads
+  // it to the points two away; the other line stays exact
+  db.set_interpolation(Interpolation::monotone_cubic);
+  std::vector<ValidationRow> c = leave_one_out(db);
+  EXPECT_EQ(c[0].points, 18);
+  EXPECT_LT(c[0].median_rel_err, 1e-12);
+  EXPECT_GT(c[0].max_rel_err, 1.0 / 3.0 - 1e-9);
+  EXPECT_NEAR(c[0].log_linear.max_rel_err, 1.0 / 3.0, 1e-9);
 }

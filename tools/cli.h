@@ -38,7 +38,9 @@ struct ModelFlags {
   int64_t tp = 1, batch = 1, input_len = 1024, output_len = 128;
   std::string dtype = "bf16";
   std::string impl = "auto";
+  std::string interp = "cubic";  // the database's interpolation along one axis: cubic or linear
   model::EstimateOptions options() const;
+  perfdb::Database load_db() const;  // Database::load(system, root) with `interp` set
 };
 void add_model_flags(CLI::App& cmd, ModelFlags& flags);
 // `opforge support --model M --system S`: prints the table; 0 when every call has data, else 1.

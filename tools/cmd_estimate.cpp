@@ -1,5 +1,6 @@
 // opforge estimate --model NAME|config.json --system S [--tp N] [--batch B] [--input-len L]
 //                  [--output-len O] [--dtype bf16] [--impl auto] [--json F] [--root DIR]
+//                  [--interp cubic|linear]
 // opforge support --model M --system S [same workload flags]: which calls of the model the
 // database answers (the model half of `opforge support`, see cmd_list.cpp).
 #include <iostream>
@@ -22,6 +23,16 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
   cmd.add_option("--dtype", f.dtype, "bf16, f16 or f32");
   cmd.add_option("--impl", f.impl, "kernel the database answers for (auto: the fastest stored)");
   cmd.add_option("--root", f.root, "perf data folder (default: $OPFORGE_PERF_DATA, else this checkout's data/perf)");
+  cmd.add_option("--interp", f.interp,
+                 "the database's interpolation along one axis: cubic (monotone cubic in log-log, the default) or "
+                 "linear (log time linear in log axis between the two neighbours)")
+      ->check(CLI::IsMember({"cubic", "linear"}));
+}
+
+perfdb::Database ModelFlags::load_db() const {
+  perfdb::Database db = perfdb::Database::load(system, root);
+  db.set_interpolation(interp == "linear" ? perfdb::Interpolation::log_linear : perfdb::Interpolation::monotone_cubic);
+  return db;
 }
 
 model::EstimateOptions ModelFlags::options() const {
@@ -39,7 +50,7 @@ int run_model_support(const ModelFlags& f) {
   if (f.system.empty()) throw Error(ErrorCode::invalid_argument, "support --model: --system is required");
   model::ModelSpec m = model::load_model(f.model);
   model::validate_options(m, f.options());
-  perfdb::Database db = perfdb::Database::load(f.system, f.root);
+  perfdb::Database db = f.load_db();
   std::vector<model::SupportRow> rows = model::model_support(m, db, f.options());
   std::cout << model::format_support(rows);
   for (const model::SupportRow& r : rows)
@@ -58,7 +69,7 @@ void add_estimate(CLI::App& app, int& status) {
   cmd->callback([f, json, &status] {
     model::ModelSpec m = model::load_model(f->model);
     model::validate_options(m, f->options());
-    perfdb::Database db = perfdb::Database::load(f->system, f->root);
+    perfdb::Database db = f->load_db();
     model::Estimate e = model::estimate(m, db, f->options());
     std::cout << model::format_estimate(e);
     if (!json->empty()) {

@@ -1,9 +1,13 @@
 // opforge perfdb validate|show|query: the performance database (data/perf/<system>/<op>.csv).
-//   validate --system S [--root DIR]   leave-one-out per op: points, median and p90 relative error,
-//                                      PASS when median <= 3% and p90 <= 8% (the exit status is 0
-//                                      either way; a malformed file is an error, status 2)
+//   validate --system S [--root DIR] [--interp cubic|linear]
+//                                      leave-one-out per op: interior points, median and p90
+//                                      relative error, PASS when median <= 3% and p90 <= 8% (the
+//                                      exit status is 0 either way; a malformed file is an error,
+//                                      status 2); beside it the plain log-log linear rule on the
+//                                      same points, and the grid ends (beyond, below) by
+//                                      extrapolation, apart from the goal
 //   show --system S [--op OP]          each table's header, dims, impls, dtypes and row count
-//   query --system S --op OP [--impl auto] [--dtype bf16] --dim NAME=VALUE ...
+//   query --system S --op OP [--impl auto] [--dtype bf16] [--interp cubic|linear] --dim NAME=VALUE ...
 //                                      the answer and how it was obtained
 #include <fmt/format.h>
 
@@ -24,7 +28,7 @@ constexpr double kGoalMedian = 0.03;
 constexpr double kGoalP90 = 0.08;
 
 struct PerfdbFlags {
-  std::string system, root, op, impl = "auto", dtype = "bf16";
+  std::string system, root, op, impl = "auto", dtype = "bf16", interp = "cubic";
   std::vector<std::string> dims;
 };
 
@@ -34,6 +38,25 @@ void add_system_flags(CLI::App& cmd, PerfdbFlags& f) {
                  "perf data folder (holding <system>/) or a checkout holding data/perf "
                  "(default: $OPFORGE_PERF_DATA, else data/perf above the executable or the current folder, "
                  "else the installed share/opforge/perf)");
+}
+
+void add_interp_flag(CLI::App& cmd, PerfdbFlags& f) {
+  cmd.add_option("--interp", f.interp,
+                 "interpolation along one axis: cubic (monotone cubic in log-log, the default) or linear "
+                 "(log time linear in log axis between the two neighbours)")
+      ->check(CLI::IsMember({"cubic", "linear"}));
+}
+
+perfdb::Database load_db(const PerfdbFlags& f) {
+  perfdb::Database db = perfdb::Database::load(f.system, f.root);
+  db.set_interpolation(f.interp == "linear" ? perfdb::Interpolation::log_linear
+                                            : perfdb::Interpolation::monotone_cubic);
+  return db;
+}
+
+std::string pct(const perfdb::ValidationStats& s, bool p90) {
+  if (s.points == 0) return "-";
+  return fmt::format("{:.2f}%", 100 * (p90 ? s.p90_rel_err : s.median_rel_err));
 }
 
 std::string join(const std::set<std::string>& s) {
@@ -59,27 +82,38 @@ perfdb::Dims parse_dims(const std::vector<std::string>& specs) {
 }
 
 void run_validate(const PerfdbFlags& f) {
-  perfdb::Database db = perfdb::Database::load(f.system, f.root);
+  perfdb::Database db = load_db(f);
   std::cout << fmt::format("perf data of system '{}' ({}): leave-one-out along the axes\n", f.system, db.folder());
-  std::cout << fmt::format("goal: median <= {:.0f}%, p90 <= {:.0f}%\n\n", kGoalMedian * 100, kGoalP90 * 100);
-  std::cout << fmt::format("{:<28} {:>7} {:>9} {:>9}  {}\n", "op", "points", "median", "p90", "goal");
+  std::cout << fmt::format("interior points, interpolated ({}); goal: median <= {:.0f}%, p90 <= {:.0f}%\n",
+                           perfdb::interpolation_name(db.interpolation()), kGoalMedian * 100, kGoalP90 * 100);
+  std::cout << "beside them: the same points by the plain rule (linear in log-log between the two neighbours);\n"
+               "apart from the goal, the last and first row of each line extrapolated from its neighbour (roofline\n"
+               "fraction held): beyond the grid and below it\n\n";
+  std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}\n", "",
+                           "", "", "", "", "linear", "linear", "", "beyond", "beyond", "", "below", "below");
+  std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}  {}\n",
+                           "op", "points", "median", "p90", "goal", "median", "p90", "n", "median", "p90", "n", "median",
+                           "p90", "worst interior point");
   int pass = 0, fail = 0;
   for (const perfdb::ValidationRow& v : perfdb::leave_one_out(db)) {
+    std::string ends = fmt::format("{:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}", v.beyond.points, pct(v.beyond, false),
+                                   pct(v.beyond, true), v.below.points, pct(v.below, false), pct(v.below, true));
     if (v.points == 0) {
-      std::cout << fmt::format("{:<28} {:>7} {:>9} {:>9}  {}\n", v.op, 0, "-", "-", "n/a (no interior points)");
+      std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  {:<4}  {:>8} {:>8}  {}  n/a (no interior points)\n", v.op,
+                               0, "-", "-", "n/a", "-", "-", ends);
       continue;
     }
     bool ok = v.median_rel_err <= kGoalMedian && v.p90_rel_err <= kGoalP90;
     (ok ? pass : fail)++;
-    std::cout << fmt::format("{:<28} {:>7} {:>8.2f}% {:>8.2f}%  {}  (worst {:.1f}%: {})\n", v.op, v.points,
-                             v.median_rel_err * 100, v.p90_rel_err * 100, ok ? "PASS" : "FAIL", v.max_rel_err * 100,
-                             v.worst);
+    std::cout << fmt::format("{:<26} {:>6} {:>7.2f}% {:>7.2f}%  {:<4}  {:>8} {:>8}  {}  {:.1f}%: {}\n", v.op, v.points,
+                             v.median_rel_err * 100, v.p90_rel_err * 100, ok ? "PASS" : "FAIL",
+                             pct(v.log_linear, false), pct(v.log_linear, true), ends, v.max_rel_err * 100, v.worst);
   }
   std::cout << fmt::format("\n{} op(s) PASS, {} FAIL\n", pass, fail);
 }
 
 void run_show(const PerfdbFlags& f) {
-  perfdb::Database db = perfdb::Database::load(f.system, f.root);
+  perfdb::Database db = load_db(f);
   std::vector<std::string> ops = f.op.empty() ? db.ops() : std::vector<std::string>{f.op};
   std::cout << fmt::format("system '{}' ({}): {} op(s)\n", f.system, db.folder(), db.ops().size());
   for (const std::string& op : ops) {
@@ -106,7 +140,7 @@ void run_show(const PerfdbFlags& f) {
 }
 
 void run_query(const PerfdbFlags& f) {
-  perfdb::Database db = perfdb::Database::load(f.system, f.root);
+  perfdb::Database db = load_db(f);
   perfdb::Dims dims = parse_dims(f.dims);
   perfdb::Answer a = db.query(f.op, f.impl, f.dtype, dims);
   std::string at;
@@ -126,6 +160,7 @@ void add_perfdb(CLI::App& app, int& status) {
 
   auto* validate = cmd->add_subcommand("validate", "leave-one-out error per op against the goal (median <= 3%, p90 <= 8%)");
   add_system_flags(*validate, *flags);
+  add_interp_flag(*validate, *flags);
   validate->callback([flags, &status] { run_validate(*flags); status = 0; });
 
   auto* show = cmd->add_subcommand("show", "headers and row counts of a system's tables");
@@ -138,6 +173,7 @@ void add_perfdb(CLI::App& app, int& status) {
   query->add_option("--op", flags->op, "op name")->required();
   query->add_option("--impl", flags->impl, "impl name, or auto for the fastest that can answer (default auto)");
   query->add_option("--dtype", flags->dtype, "dtype (default bf16)");
+  add_interp_flag(*query, *flags);
   query->add_option("--dim", flags->dims, "NAME=VALUE for every dim of the op (repeatable)");
   query->callback([flags, &status] { run_query(*flags); status = 0; });
 }

@@ -24,10 +24,17 @@
 //   - impl "auto" answers with the fastest impl that can answer; any other impl must match exactly.
 //   - Every dim that is not an axis must match a stored row exactly.
 //   - measured:     the point is stored.
-//   - interpolated: inside the grid along the axes: log(time) linear in log(axis) between the two
-//                   neighbouring stored values (1 axis), bilinear in the logs on a 2-axis grid
-//                   (the four corners must all be stored). On 2 axes an axis whose query value is
-//                   stored may instead be held there, the other bracketed along that line.
+//   - interpolated: inside the grid along the axes. Along one axis (a 1-axis table, or a 2-axis
+//                   table with the other axis on a stored value): by default a monotone cubic in
+//                   log(time) over log(axis) through every stored point of that line (PCHIP,
+//                   Note [monotone cubic in log-log] in src/perfdb/internal.h); with
+//                   Interpolation::log_linear, or when the line holds only the two neighbours,
+//                   log(time) linear in log(axis) between the two neighbouring stored values.
+//                   Both pass through the stored points and reproduce a power law exactly; the
+//                   cubic follows the bend of a launch floor into a bandwidth slope. On two axes
+//                   both inside: bilinear in the logs (the four corners must all be stored). On
+//                   2 axes an axis whose query value is stored may instead be held there, the
+//                   other bracketed along that line.
 //   - extrapolated: beyond the largest (or below the smallest) stored value of an axis, by at most
 //                   4x: the achieved fraction of the roofline at the nearest stored point is held
 //                   constant, roofline time = max(bytes / ceiling_gbps, flops / ceiling_gflops)
@@ -90,12 +97,17 @@ struct OpTable {
 enum class Method { measured, interpolated, extrapolated, modelled };
 const char* method_name(Method m);
 
+// How a query interpolates along one axis (see the query rule above): monotone cubic in log-log
+// (the default), or log time linear in log axis between the two neighbours (the plain rule).
+enum class Interpolation { monotone_cubic, log_linear };
+const char* interpolation_name(Interpolation m);  // "monotone cubic in log-log", "linear in log-log"
+
 struct Answer {
   double us = 0;
   std::optional<double> energy_uj;
   Method method = Method::measured;
   std::string impl;  // the impl that answered (useful with "auto")
-  std::string how;   // e.g. "interpolated in tokens between 512 and 1024"
+  std::string how;   // e.g. "interpolated in tokens between 512 and 1024 (monotone cubic in log-log)"
 };
 
 // Write one table (header lines, column header, rows) to `path`; `append_rows` adds rows to an
@@ -136,12 +148,16 @@ class Database {
 
   // Replace the cost model used for extrapolation (an empty function restores perfdb::cost_at).
   void set_cost_model(CostFn fn) { cost_ = std::move(fn); }
+  // How queries interpolate along one axis (default Interpolation::monotone_cubic).
+  void set_interpolation(Interpolation m) { interp_ = m; }
+  Interpolation interpolation() const { return interp_; }
 
  private:
   std::string system_;
   std::string folder_;
   std::map<std::string, OpTable> tables_;
   CostFn cost_;
+  Interpolation interp_ = Interpolation::monotone_cubic;
 };
 
 // ---- model-shaped grids (src/perfdb/grid.cpp) ----------------------------------------------
@@ -158,15 +174,30 @@ Case case_at(const std::string& op, const Dims& dims);
 // The op's own cost model at `dims`, without allocating the tensors.
 Cost cost_at(const std::string& op, const std::string& dtype, const Dims& dims);
 
-// Leave-one-out over the stored grid: each row along the axes that has stored neighbours on both
-// sides is predicted from the others; relative errors per op.
-struct ValidationRow {
-  std::string op;
+// Leave-one-out over the stored grid (Note [leave-one-out] in src/perfdb/validate.cpp): along each
+// axis, every row with stored neighbours on both sides of its line is predicted from the rest of
+// the line by the database's interpolation, as a query would if the row were not stored; relative
+// errors per op. The same interior rows are also predicted by the plain log-log linear rule, for
+// comparison, and the two ends of each line (an extrapolation test, not part of the goal) apart.
+struct ValidationStats {
   int points = 0;
   double median_rel_err = 0;
   double p90_rel_err = 0;
   double max_rel_err = 0;
   std::string worst;  // the prediction with max_rel_err, e.g. "cpu bf16 tokens=48, hidden=4096 along tokens"
+};
+struct ValidationRow {
+  std::string op;
+  // interior rows, by Database::interpolation()
+  int points = 0;
+  double median_rel_err = 0;
+  double p90_rel_err = 0;
+  double max_rel_err = 0;
+  std::string worst;
+  ValidationStats log_linear;  // the same rows by Interpolation::log_linear
+  // The last (beyond) and first (below) row of each line (>= 2 rows), predicted from its neighbour
+  // on the line holding the roofline fraction (the query's extrapolation rule), when at most 4x away.
+  ValidationStats beyond, below;
 };
 std::vector<ValidationRow> leave_one_out(const Database& db);
 

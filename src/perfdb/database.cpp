@@ -41,6 +41,14 @@ const char* method_name(Method m) {
   return "?";
 }
 
+const char* interpolation_name(Interpolation m) {
+  switch (m) {
+    case Interpolation::monotone_cubic: return "monotone cubic in log-log";
+    case Interpolation::log_linear: return "linear in log-log";
+  }
+  return "?";
+}
+
 std::string detail::dims_text(const Dims& dims, const std::vector<std::string>& order) {
   std::string s;
   for (const std::string& d : order)
@@ -112,7 +120,8 @@ struct Attempt {
 };
 
 Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
-                       const Dims& q, const CostFn& cost, const std::vector<const Row*>& match, int held);
+                       const Dims& q, const CostFn& cost, Interpolation interp, const std::vector<const Row*>& match,
+                       int held);
 
 double roofline_us(const Cost& c, const FileHeader& h) {
   double t = c.bytes / (h.ceiling_gbps * 1e3);                          // bytes / (GB/s) in us
@@ -121,7 +130,7 @@ double roofline_us(const Cost& c, const FileHeader& h) {
 }
 
 Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
-                    const Dims& q, const CostFn& cost) {
+                    const Dims& q, const CostFn& cost, Interpolation interp) {
   Attempt out;
   const std::vector<std::string>& axes = t.header.axes;
   std::vector<std::string> fixed;  // the non-axis dims
@@ -176,7 +185,7 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
   std::optional<Attempt> best;
   std::vector<std::string> why;
   for (int held : holds) {
-    Attempt a = answer_on_grid(t, op, impl, dtype, q, cost, match, held);
+    Attempt a = answer_on_grid(t, op, impl, dtype, q, cost, interp, match, held);
     if (!a.ok) {
       if (std::find(why.begin(), why.end(), a.why) == why.end()) why.push_back(a.why);
     } else if (!best || a.answer.method < best->answer.method ||
@@ -190,7 +199,8 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
 }
 
 Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
-                       const Dims& q, const CostFn& cost, const std::vector<const Row*>& match, int held) {
+                       const Dims& q, const CostFn& cost, Interpolation interp, const std::vector<const Row*>& match,
+                       int held) {
   Attempt out;
   const std::vector<std::string>& axes = t.header.axes;
   std::vector<Bracket> br(axes.size());
@@ -277,6 +287,30 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
   ans.impl = impl;
   ans.us = std::exp(log_t);
   if (energy) ans.energy_uj = energy_positive ? std::exp(log_e) : lin_e;
+  // One axis inside: along the line of stored rows through the bracket (every other axis at its
+  // stored or clamped value), by the database's interpolation (Note [monotone cubic in log-log]).
+  std::string line_method;
+  const auto n_inside = std::count_if(br.begin(), br.end(), [](const Bracket& b) { return b.kind == Bracket::inside; });
+  if (n_inside == 1) {
+    size_t ia = 0;
+    while (br[ia].kind != Bracket::inside) ++ia;
+    std::vector<double> xs, ts, es;
+    bool line_energy = true;
+    for (const auto& [key, r] : grid) {  // sorted by key, so by axis ia among rows equal elsewhere
+      bool on_line = true;
+      for (size_t a = 0; a < axes.size(); ++a) on_line = on_line && (a == ia || key[a] == br[a].lo);
+      if (!on_line) continue;
+      xs.push_back(double(key[ia]));
+      ts.push_back(r->median_us);
+      line_energy = line_energy && r->energy_uj && *r->energy_uj > 0;
+      es.push_back(r->energy_uj.value_or(0));
+    }
+    const double x = double(q.at(axes[ia]));
+    Interpolation used = xs.size() > 2 ? interp : Interpolation::log_linear;
+    ans.us = detail::interp_line(xs, ts, x, used);
+    if (energy && line_energy) ans.energy_uj = detail::interp_line(xs, es, x, used);
+    line_method = fmt::format(" ({})", interpolation_name(used));
+  }
   if (std::none_of(br.begin(), br.end(), [](const Bracket& b) { return b.kind == Bracket::inside; })) {
     std::vector<int64_t> key;  // one stored point: its values as stored, not through exp(log())
     for (const std::string& a : axes) key.push_back(clamped.at(a));
@@ -292,7 +326,7 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
       outside.push_back(fmt::format("{} from {} ({:.1f}x {})", axes[a], b.lo, b.ratio, b.above ? "beyond" : "below"));
   }
   std::string how;
-  if (!inside.empty()) how = (inside.size() == 2 ? "bilinear in " : "interpolated in ") + join(inside, " and ");
+  if (!inside.empty()) how = (inside.size() == 2 ? "bilinear in " : "interpolated in ") + join(inside, " and ") + line_method;
   ans.method = inside.empty() ? Method::measured : Method::interpolated;
   if (!outside.empty()) {
     Cost at_stored, at_query;
@@ -440,7 +474,7 @@ Answer Database::query(const std::string& op, const std::string& impl, const std
   std::optional<Answer> best;
   std::vector<std::string> why;
   for (const std::string& c : candidates) {
-    Attempt a = answer_impl(t, op, c, dt, dims, cost);
+    Attempt a = answer_impl(t, op, c, dt, dims, cost, interp_);
     if (!a.ok) {
       why.push_back(candidates.size() > 1 ? c + ": " + a.why : a.why);
     } else if (!best || a.answer.us < best->us) {
