@@ -221,6 +221,7 @@ void register_attention_cuda(Registry& reg) {
   reg.add_kernel<AttentionDecode>(d, &attention_decode_cuda, &attention_decode_cuda_applicable);
   register_attention_prefill_cuda(reg);
   register_attention_prefill_backward_cuda(reg);
+  register_attention_prefill_cudnn(reg);
 }
 
 }  // namespace opforge
