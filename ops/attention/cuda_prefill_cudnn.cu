@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -99,7 +100,7 @@ void* try_open(const std::string& path, std::string& tried) {
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char* why = dlerror();
-    tried += "\n  " + path + ": " + (why ? why : "not loadable");
+    tried += " [" + path + ": " + (why ? why : "not loadable") + "]";
   }
   return h;
 }
