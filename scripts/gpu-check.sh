@@ -156,6 +156,15 @@ unpack_deps() {
   rm -rf "$PREFIX" && mkdir -p "$PREFIX"
   for f in "${debs[@]}"; do unpack_deb "$f" "$PREFIX" || { echo "cannot unpack $f"; return 1; }; done
   echo "unpacked ${#debs[@]} packages into $PREFIX"
+  # The cuDNN frontend headers (the cudnn impl of attention_prefill); without them it is left out.
+  local wheels=(.gpudeps/nvidia_cudnn_frontend-*.whl)
+  if [[ -e "${wheels[0]}" ]]; then
+    bash scripts/cudnn-frontend.sh "${wheels[0]}" "$PREFIX/cudnn-frontend" || echo "cannot unpack ${wheels[0]}"
+  else
+    echo "no .gpudeps/nvidia_cudnn_frontend-*.whl: the cudnn attention impl is left out"
+  fi
+  echo "cuDNN (pip nvidia-cudnn): ${CUDNN_PY_DIR:-not found}; headers: ${CUDNN_INCLUDE:-none};" \
+    "OPFORGE_CUDNN_LIBRARY=${OPFORGE_CUDNN_LIBRARY:-unset}"
 }
 
 configure() {
@@ -164,11 +173,23 @@ configure() {
     -DOPFORGE_CUDA=ON -DOPFORGE_CUDA_ARCH=90 -DOPFORGE_BUILD_BENCH=OFF -DOPFORGE_BUILD_TESTS=ON \
     -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_CXX_FLAGS="${GPU_CHECK_CXX_FLAGS:-}" \
     -Dfmt_DIR="$lib/fmt" -Dhwy_DIR="$lib/hwy" -DGTest_DIR="$lib/GTest" \
-    -Dnlohmann_json_DIR="$share/nlohmann_json" -DCLI11_DIR="$share/CLI11"
+    -Dnlohmann_json_DIR="$share/nlohmann_json" -DCLI11_DIR="$share/CLI11" \
+    -DCUDNN_FRONTEND_INCLUDE_DIR="$PREFIX/cudnn-frontend/include" \
+    -DCUDNN_INCLUDE_DIR="$CUDNN_INCLUDE" ${CUDNN_PY_DIR:+-DCUDNN_LIBRARY_DIR="$CUDNN_PY_DIR/lib"}
 }
 
 build() { ninja -C "$BUILD_DIR" -j "$JOBS" -k 0 opforge opforge_cli opforge_tests; }  # -k 0: every error
 
+# cuDNN for the cudnn impl of attention_prefill: headers and libcudnn.so.9 of the nvidia-cudnn pip
+# package (torch's), found through python; libcudnn is dlopened at run time from OPFORGE_CUDNN_LIBRARY.
+CUDNN_PY_DIR="$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
+if [[ -n $CUDNN_PY_DIR && -z ${OPFORGE_CUDNN_LIBRARY:-} && -f $CUDNN_PY_DIR/lib/libcudnn.so.9 ]]; then
+  export OPFORGE_CUDNN_LIBRARY="$CUDNN_PY_DIR/lib/libcudnn.so.9"
+fi
+# cudnn.h: the headers carried from the machine that ran gpu-deps.sh, else the pip package's.
+CUDNN_INCLUDE="$root/.gpudeps/cudnn-include"
+[[ -f $CUDNN_INCLUDE/cudnn.h ]] || CUDNN_INCLUDE="${CUDNN_PY_DIR:+$CUDNN_PY_DIR/include}"
+export CUDNN_PY_DIR CUDNN_INCLUDE
 export root PREFIX BUILD_DIR JOBS GPU_CHECK_CXX_FLAGS
 export -f unpack_deb unpack_deps configure build
 

@@ -8,6 +8,12 @@
 #   fmt (headers + shared library), nlohmann-json (headers), CLI11 (headers),
 #   Highway (headers + shared library), GoogleTest + GoogleMock (static libraries).
 # Google Benchmark is left out: gpu-check.sh does not build bench/.
+# Also the pinned nvidia-cudnn-frontend wheel (scripts/cudnn-frontend.sh; header-only, for the cudnn
+# impl of attention_prefill): gpu-check.sh unpacks its include/ there. cuDNN itself (cudnn.h,
+# libcudnn.so.9) comes from the GPU machine's nvidia-cudnn pip package; the cuDNN 9 headers of this
+# machine (cudnn*.h beside nvcc's includes) go into .gpudeps/cudnn-include so the GPU build compiles
+# the frontend against the headers it was checked with here (the library is loaded at run time and
+# the frontend checks its version there).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,5 +29,13 @@ rm -rf "$dest"
 mkdir -p "$dest"
 cd "$dest"
 apt-get download -q "${packages[@]}"
-echo "gpu-deps: $(ls "$dest"/*.deb | wc -l) packages, $(du -sh "$dest" | cut -f1) in $dest"
+"$root/scripts/cudnn-frontend.sh"
+cp "$root"/.deps/cudnn-frontend/nvidia_cudnn_frontend-*.whl "$dest"/
+cuda_include="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/../include"
+if [[ -f $cuda_include/cudnn.h ]]; then
+  mkdir -p "$dest/cudnn-include" && cp "$cuda_include"/cudnn*.h "$dest/cudnn-include/"
+else
+  echo "gpu-deps: no cudnn.h beside nvcc; the GPU build uses the pip package's headers"
+fi
+echo "gpu-deps: $(ls "$dest"/*.deb | wc -l) packages + $(ls "$dest"/*.whl | wc -l) wheel, $(du -sh "$dest" | cut -f1) in $dest"
 ls -1 "$dest"

@@ -4,7 +4,8 @@
 # something is missing. Runs as root, or through sudo when not root.
 #
 # CUDA is optional and never installed here: when nvcc is on PATH (or in /usr/local/cuda/bin)
-# the build and scripts/test.sh use it.
+# the build and scripts/test.sh use it. The cuDNN frontend headers are fetched into .deps/ by
+# scripts/cudnn-frontend.sh (pip download of a pinned wheel).
 set -euo pipefail
 
 PACKAGES=(
@@ -15,6 +16,11 @@ PACKAGES=(
   clang libclang-rt-14-dev  # the fuzz build: clang++ and libFuzzer / sanitizer runtimes
   python3
 )
+
+# The cuDNN frontend headers (pinned wheel from PyPI) for the cudnn impl of attention_prefill; a
+# CUDA build without them leaves that impl out, so a failure here is not fatal.
+"$(dirname "${BASH_SOURCE[0]}")/cudnn-frontend.sh" ||
+  echo "setup: cuDNN frontend headers not fetched; CUDA builds leave the cudnn attention impl out" >&2
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

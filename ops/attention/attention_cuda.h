@@ -15,6 +15,11 @@
 //                          heads per kv head
 //   attention_decode_cuda_split_async  (impl cuda_split_async) the same with a cp.async ring of
 //                          K/V tiles in shared memory; predicate as cuda_split
+//   attention_prefill_cudnn, attention_prefill_backward_cudnn  (impl cudnn, cuda_prefill_cudnn.cu)
+//                          cuDNN's fused attention (SDPA graphs, libcudnn loaded at run time);
+//                          predicate: bf16 / f16, head_dim % 8 == 0 and <= 256, 16-byte aligned
+//                          rows, contiguous lse, and a graph cuDNN accepts for the shape. Registered
+//                          only when built with cuDNN's headers (CMake OPFORGE_CUDNN)
 //   attention_decode_cuda  split-K decoding with GQA sharing; predicate: dtype, head_dim <= 256,
 //                          at most 8 query heads per kv head
 #pragma once
@@ -95,6 +100,28 @@ const char* attention_prefill_backward_cuda_wmma_applicable(
     const TensorView& lse, const TensorView& cu_seqlens, bool causal, double softmax_scale,
     int64_t window_left);
 void register_attention_prefill_backward_cuda(Registry& reg);  // cuda_prefill_backward.cu
+
+void attention_prefill_cudnn(const Context&, const TensorView& out, const TensorView& lse,
+                             const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& cu_seqlens, bool causal, double softmax_scale,
+                             int64_t window_left);
+const char* attention_prefill_cudnn_applicable(const TensorView& out, const TensorView& lse,
+                                               const TensorView& q, const TensorView& k,
+                                               const TensorView& v, const TensorView& cu_seqlens,
+                                               bool causal, double softmax_scale, int64_t window_left);
+void attention_prefill_backward_cudnn(const Context&, const TensorView& dq, const TensorView& dk,
+                                      const TensorView& dv, const TensorView& dout,
+                                      const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const TensorView& lse,
+                                      const TensorView& cu_seqlens, bool causal,
+                                      double softmax_scale, int64_t window_left);
+const char* attention_prefill_backward_cudnn_applicable(
+    const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+    const TensorView& lse, const TensorView& cu_seqlens, bool causal, double softmax_scale,
+    int64_t window_left);
+// cuda_prefill_cudnn.cu: both cudnn impls; registers nothing when built without cuDNN
+void register_attention_prefill_cudnn(Registry& reg);
 
 void register_attention_cuda(Registry& reg);  // all of the family's CUDA kernels
 

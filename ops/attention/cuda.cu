@@ -224,6 +224,7 @@ void register_attention_cuda(Registry& reg) {
   register_attention_decode_split_cuda(reg);  // cuda_decode.cu: impl cuda_split, preferred
   register_attention_prefill_cuda(reg);
   register_attention_prefill_backward_cuda(reg);
+  register_attention_prefill_cudnn(reg);
 }
 
 }  // namespace opforge
