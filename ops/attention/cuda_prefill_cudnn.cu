@@ -568,6 +568,9 @@ const char* attention_prefill_cudnn_applicable(const TensorView& out, const Tens
   namespace c = cuda::attention_cudnn;
   if (const char* why = c::common_problem(lse, q, cu_seqlens, {&out, &q, &k, &v})) return why;
   if (q.numel() == 0 || q.device.is_cpu()) return nullptr;
+  // A batch of one token (sequence bound T = 1): cuDNN left lse of every head past the first
+  // unwritten (H200, cuDNN 9 from pip, 2026-11-26); the other kernels serve it.
+  if (q.size(0) < 2) return "a single token (cuDNN leaves lse unwritten past head 0 at T = 1)";
   Problem s = c::shape_of(q, k, cu_seqlens, causal, softmax_scale, window_left, false);
   s.rs[c::oQ] = c::row_stride_of(q), s.rs[c::oK] = c::row_stride_of(k);
   s.rs[c::oV] = c::row_stride_of(v), s.rs[c::oO] = c::row_stride_of(out);
@@ -636,8 +639,12 @@ void register_attention_prefill_cudnn(Registry& reg) {
   bwd.properties.batch_invariant = false;
   bwd.properties.deterministic = false;  // dQ is accumulated with atomics
   bwd.probe = probe;
-  reg.add_kernel<AttentionPrefillBackward>(bwd, &attention_prefill_backward_cudnn,
-                                           &attention_prefill_backward_cudnn_applicable);
+  // Not registered: on an H200 (2026-11-26) its dq / dk missed the f64 reference by 1.5-2x the
+  // bf16 / f16 grad tolerances in 12 of 110 grad-mode cases (several sequences, windows, GQA,
+  // non-causal), e.g. bf16 dq 0.363 against 0.338. Whether that is cuDNN's 16-bit dS or a
+  // mapping error here is not settled; tests/attention_cuda_test.cpp still runs it against the
+  // plain kernel, and the plain cuda kernel serves the op.
+  (void)bwd;
 }
 
 }  // namespace opforge
