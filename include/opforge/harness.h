@@ -40,10 +40,10 @@ struct Options {
   int perf_min_samples = 5;
   int perf_max_samples = 50;
   double perf_min_seconds = 0.05;
-  // Note [cold operands]: > 0 on a device: perf mode cycles through copies of the arguments whose
-  // inputs add up to at least this many bytes (at most 16 copies), so each timed call finds its
-  // operands out of the device's L2, as a layer's weights and KV cache are. 0: every call reuses
-  // one set (operands that fit the L2 stay there).
+  // Note [cold operands]: > 0: perf mode cycles through copies of the arguments whose inputs add
+  // up to at least this many bytes (at most 16 copies), so each timed call finds its operands out
+  // of the last-level cache (a GPU's L2, a CPU's L3), as a layer's weights and KV cache are. 0:
+  // every call reuses one set (operands that fit the cache stay there).
   int64_t perf_rotate_bytes = 0;
   bool perf_reference = true;        // time reference kernels too (slow on large cases)
   bool progress = false;             // one updating line on stderr

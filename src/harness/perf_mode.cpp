@@ -77,7 +77,7 @@ Result perf_one(const Registry& reg, const Options& opt, const OpEntry& op, cons
   reg.call(only(op, k, dev), a.values);  // checks the arguments once, outside the timing
   KernelCall call{&k, Context{dev, {}}, {&a.values}};
   std::vector<PlainArgs> copies;  // Note [cold operands]
-  if (!dev.is_cpu() && opt.perf_rotate_bytes > 0) {
+  if (opt.perf_rotate_bytes > 0) {
     const int64_t bytes = std::max<int64_t>(input_bytes(plan, a), 1);
     const int64_t want = std::min<int64_t>((opt.perf_rotate_bytes + bytes - 1) / bytes, 16);
     copies.reserve(size_t(std::max<int64_t>(want - 1, 0)));
