@@ -157,8 +157,9 @@ std::vector<Case> layer_norm_cases() {
   const RowSpec spec{{"x"}, {"y"}, {{"w", Fill::uniform_positive}, {"b", Fill::normal}}, "b",
                      {{"eps", kEps}}, true};
   std::vector<Case> cases = row_cases(spec);
-  // A row that one warp holds in the CUDA cuda_vec16_rowblock kernel (bf16: 32 threads x 8 packs).
-  cases.push_back(row_case(spec, "16x2048_one_warp_row", CaseGroup::edge, {16, 2048}));
+  // A row that one warp holds in the CUDA cuda_vec16_rowblock kernel (bf16: 32 threads x 8 packs),
+  // with enough rows (>= 128) for that kernel to take the call.
+  cases.push_back(row_case(spec, "256x2048_one_warp_row", CaseGroup::edge, {256, 2048}));
   return cases;
 }
 
