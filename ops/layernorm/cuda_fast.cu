@@ -424,23 +424,9 @@ void launch_backward_k(const Context& ctx, const BwdArgs<T>& a, const TensorView
   auto* partial =
       static_cast<float*>(cuda_workspace(ctx, parts * 2 * a.hidden * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = size_t(smem);
-  config.stream = stream_of(ctx);
-  config.attrs = attr;
-  config.numAttrs = 1;
-  const cudaError_t status =
-      cudaLaunchKernelEx(&config, kernel, a, partial, rows_per_block, parts, barrier, dw.ptr<T>(),
-                         int64_t(dw.stride(0)), db.ptr<T>(), int64_t(db.stride(0)));
-  if (status != cudaSuccess) {
-    cudaGetLastError();  // a refused launch is not an error of the next one
-    throw_cuda_error("layer_norm_backward_cuda_vec16_async cooperative launch", status);
-  }
+  launch_cooperative(ctx, "layer_norm_backward_cuda_vec16_async cooperative launch", kernel, blocks,
+                     threads, size_t(smem), a, partial, rows_per_block, parts, barrier, dw.ptr<T>(),
+                     int64_t(dw.stride(0)), db.ptr<T>(), int64_t(db.stride(0)));
 }
 
 template <class T>

@@ -312,24 +312,11 @@ void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   const int64_t blocks = std::max((a.rows + rows_per_block - 1) / rows_per_block, min_blocks);
   auto* partial = static_cast<float*>(cuda_workspace(ctx, blocks * a.hidden * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(unsigned(block));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream_of(ctx);
-  config.attrs = attr;
-  config.numAttrs = 1;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, a, partial, rows_per_block, barrier,
-                                                dw.ptr<T>(), int64_t(dw.stride(0)));
-  if (status != cudaSuccess) {
-    cudaGetLastError();  // a refused launch is not an error of the next one
-    throw_cuda_error(kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
+  launch_cooperative(ctx,
+                     kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
                             : "rms_norm_backward_cuda_vec16 cooperative launch",
-                     status);
-  }
+                     kernel, blocks, block, 0, a, partial, rows_per_block, barrier, dw.ptr<T>(),
+                     int64_t(dw.stride(0)));
 }
 
 template <class T, bool kFused>

@@ -283,21 +283,8 @@ void launch_per_tensor_coop(const Context& ctx, const FlatArgs<T>& a, float* sca
   const int64_t blocks = std::max<int64_t>(1, std::min(resident, (packs + span - 1) / span));
   auto* partial = static_cast<float*>(cuda_workspace(ctx, blocks * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(unsigned(kCoopThreads));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream_of(ctx);
-  config.attrs = attr;
-  config.numAttrs = 1;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, a, partial, barrier, scale_out);
-  if (status != cudaSuccess) {
-    cudaGetLastError();  // a refused launch is not an error of the next one
-    throw_cuda_error("quant_fp8_cuda_vec16_coop cooperative launch", status);
-  }
+  launch_cooperative(ctx, "quant_fp8_cuda_vec16_coop cooperative launch", kernel, blocks, kCoopThreads,
+                     0, a, partial, barrier, scale_out);
 }
 
 // ---- launchers -----------------------------------------------------------------------------------

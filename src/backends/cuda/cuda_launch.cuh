@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "backends/cuda/cuda_backend.h"
 #include "opforge/error.h"
@@ -75,6 +76,30 @@ class DeviceGuard {
 };
 
 // Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
+// Launches `kernel` cooperatively (every block resident at once, as a grid barrier needs; Note
+// [grid barrier]) on ctx's stream with `blocks` x `threads` and `smem` bytes of dynamic shared
+// memory. A refused launch (more blocks than fit) throws naming `what` and clears the error, so it
+// does not surface at the next launch.
+template <class... Params, class... Args>
+void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Params...), int64_t blocks,
+                        int64_t threads, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream_of(ctx);
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw_cuda_error(what, status);
+  }
+}
+
 inline unsigned grid_for(int64_t work, int64_t per_block) {
   int64_t blocks = (work + per_block - 1) / per_block;
   if (blocks < 1) blocks = 1;
