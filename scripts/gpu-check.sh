@@ -45,6 +45,12 @@ COMPARE_LOG="${TMPDIR:-/tmp}/opforge-compare-torch.log"
 rm -f "$COMPARE_MD" "$COMPARE_LOG"
 SKIP=" ${GPU_CHECK_SKIP:-} "
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# NCCL for the all_reduce op's kernel and collect-comm: torch's NCCL wheel when libnccl is not on
+# the loader's path.
+if [[ -z ${OPFORGE_NCCL_LIBRARY:-} ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
+  nccl_lib="$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
+  [[ -n $nccl_lib && -f $nccl_lib ]] && export OPFORGE_NCCL_LIBRARY="$nccl_lib"
+fi
 
 declare -a STEP_NAMES STEP_STATUS STEP_SECONDS STEP_NOTES
 LAST_RAN=0
@@ -256,11 +262,6 @@ if [[ $built -eq 1 ]]; then
       # shellcheck disable=SC2086 # word splitting of the op list is wanted
       timeout --kill-after=5 "$budget" "$BIN" collect --system "$GPU_CHECK_COLLECT" --grid quick --device cuda \
         --root "$root" ${GPU_CHECK_COLLECT_OPS:-} || echo "collect stopped (status $?); archiving what was measured"
-      if [[ -z ${OPFORGE_NCCL_LIBRARY:-} ]]; then  # torch's NCCL wheel, when libnccl is not on the path
-        local lib
-        lib="$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)"
-        [[ -f $lib ]] && export OPFORGE_NCCL_LIBRARY="$lib"
-      fi
       if [[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]]; then
         "$BIN" collect-comm --system "$GPU_CHECK_COLLECT" --root "$root" || echo "collect-comm failed"
       fi

@@ -1,8 +1,9 @@
 // Collective communication as the estimator needs it: the time of one all-reduce across `tp`
 // GPUs of one host, measured through NCCL.
 //
-// opforge does not own a collective kernel: a tensor-parallel model calls NCCL's all-reduce, so
-// that is what is measured. NCCL is loaded at run time (dlopen of $OPFORGE_NCCL_LIBRARY, else
+// A tensor-parallel model calls NCCL's all-reduce on buffers already resident on each GPU, so that
+// is what is measured (the all_reduce op, ops/comm, runs the same NCCL calls on stacked ranks and
+// adds the copies that layout needs). NCCL is loaded at run time (dlopen of $OPFORGE_NCCL_LIBRARY, else
 // libnccl.so.2 from the loader's path), so neither the build nor a machine without it depends on
 // it; without CUDA, NCCL or enough GPUs the call throws Error(not_available) saying which.
 //

@@ -28,6 +28,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "fused_linear_cross_entropy_backward",
     "attention_prefill_backward",
     "moe_permute",      "moe_unpermute",
+    "all_reduce",
 };
 
 }  // namespace opforge

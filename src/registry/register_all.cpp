@@ -2,6 +2,7 @@
 // linked in because this function names it.
 #include "opforge/registry.h"
 #include "ops/activation/activation.h"
+#include "ops/comm/comm.h"
 #include "ops/embedding/embedding.h"
 #include "ops/linear/linear.h"
 #include "ops/attention/attention.h"
@@ -17,6 +18,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "ops/activation/activation_pointwise_cuda.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/comm/comm_cuda.h"
 #include "ops/embedding/embedding_cuda.h"
 #include "ops/layernorm/layernorm_cuda.h"
 #include "ops/linear/linear_cuda.h"
@@ -43,6 +45,7 @@ void register_all(Registry& reg) {
   register_embedding(reg);
   register_attention(reg);
   register_layernorm(reg);
+  register_comm(reg);
 #ifdef OPFORGE_WITH_CUDA
   register_cuda_backend(reg);
   register_norm_cuda(reg);
@@ -57,6 +60,7 @@ void register_all(Registry& reg) {
   register_layernorm_cuda(reg);
   register_activation_pointwise_cuda(reg);
   register_quant_cuda(reg);
+  register_comm_cuda(reg);
 #else
   register_cuda_placeholders(reg);
 #endif

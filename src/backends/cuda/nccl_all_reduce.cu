@@ -6,8 +6,6 @@
 // sample is the slowest rank's elapsed time over `calls`; the point is the median of the samples.
 // NVLink multicast (NVLS) stays off: the caller's environment must keep NCCL_NVLS_ENABLE=0, and
 // this file sets it when unset.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "backends/comm.h"
+#include "backends/cuda/nccl.cuh"
 #include "backends/cuda/cuda_launch.cuh"
 #include "opforge/error.h"
 
@@ -23,70 +22,10 @@ namespace opforge {
 
 namespace {
 
-// The few NCCL entry points used, declared from NCCL's stable C ABI (nccl.h) so that neither the
-// headers nor the library are needed at build time.
-using ncclComm_t = struct ncclComm*;
-using ncclResult_t = int;          // 0 = ncclSuccess
-constexpr int kNcclSum = 0;        // ncclRedOp_t ncclSum
-constexpr int kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclBfloat16 = 9;  // ncclDataType_t
-
-struct Nccl {
-  void* handle = nullptr;
-  std::string error;  // why it could not be loaded
-  int version = 0;
-  ncclResult_t (*get_version)(int*) = nullptr;
-  ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
-  ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
-  ncclResult_t (*all_reduce)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
-  ncclResult_t (*group_start)() = nullptr;
-  ncclResult_t (*group_end)() = nullptr;
-  const char* (*error_string)(ncclResult_t) = nullptr;
-};
-
-template <class F> bool bind(Nccl& n, F& fn, const char* name) {
-  fn = reinterpret_cast<F>(dlsym(n.handle, name));
-  if (!fn) n.error = std::string("symbol ") + name + " missing from the NCCL library";
-  return fn != nullptr;
-}
-
-const Nccl& nccl() {
-  static const Nccl loaded = [] {
-    Nccl n;
-    const char* env = std::getenv("OPFORGE_NCCL_LIBRARY");
-    std::string path = env && *env ? env : "libnccl.so.2";
-    n.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!n.handle) {
-      const char* why = dlerror();
-      n.error = "NCCL could not be loaded (" + path + "): " + (why ? why : "unknown reason") +
-                "; set OPFORGE_NCCL_LIBRARY to libnccl.so.2's path";
-      return n;
-    }
-    if (bind(n, n.get_version, "ncclGetVersion") && bind(n, n.comm_init_all, "ncclCommInitAll") &&
-        bind(n, n.comm_destroy, "ncclCommDestroy") && bind(n, n.all_reduce, "ncclAllReduce") &&
-        bind(n, n.group_start, "ncclGroupStart") && bind(n, n.group_end, "ncclGroupEnd") &&
-        bind(n, n.error_string, "ncclGetErrorString")) {
-      n.get_version(&n.version);
-    }
-    return n;
-  }();
-  return loaded;
-}
-
-void nccl_check(ncclResult_t r, const char* what) {
-  if (r != 0)
-    throw Error(ErrorCode::backend, std::string(what) + " failed: " + nccl().error_string(r));
-}
-
-int nccl_dtype(DType t) {
-  switch (t) {
-    case DType::bf16: return kNcclBfloat16;
-    case DType::f16: return kNcclFloat16;
-    case DType::f32: return kNcclFloat32;
-    default:
-      throw Error(ErrorCode::invalid_argument,
-                  std::string("all_reduce: argument 'dtype': expected bf16, f16 or f32, got ") + dtype_name(t));
-  }
-}
+namespace nccl = cuda::nccl;
+constexpr int kNcclSum = nccl::kSum;
+void nccl_check(int r, const char* what) { nccl::check_result(r, what); }
+int nccl_dtype(DType t) { return nccl::dtype_code(t, "all_reduce"); }
 
 // Host bits of a small integer in dtype t (exact in every supported dtype for the check).
 std::vector<unsigned char> filled_bytes(DType t, int64_t count, float value) {
@@ -101,7 +40,7 @@ class Ring {
   Ring(int tp, int64_t max_bytes) : comms_(size_t(tp)), streams_(size_t(tp)), buffers_(size_t(tp)) {
     std::vector<int> devices(static_cast<size_t>(tp));
     for (int r = 0; r < tp; ++r) devices[size_t(r)] = r;
-    nccl_check(nccl().comm_init_all(comms_.data(), tp, devices.data()), "ncclCommInitAll");
+    nccl_check(nccl::api().comm_init_all(comms_.data(), tp, devices.data()), "ncclCommInitAll");
     for (int r = 0; r < tp; ++r) {
       cuda::DeviceGuard guard(r);
       OPFORGE_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[size_t(r)], cudaStreamNonBlocking));
@@ -114,7 +53,7 @@ class Ring {
       if (streams_[r]) cudaStreamSynchronize(streams_[r]);
       if (buffers_[r]) cudaFree(buffers_[r]);
       if (streams_[r]) cudaStreamDestroy(streams_[r]);
-      if (comms_[r]) nccl().comm_destroy(comms_[r]);
+      if (comms_[r]) nccl::api().comm_destroy(comms_[r]);
     }
   }
   Ring(const Ring&) = delete;
@@ -126,12 +65,12 @@ class Ring {
 
   // One in-place all-reduce of `count` elements on every rank.
   void all_reduce(int64_t count, int dtype) {
-    nccl_check(nccl().group_start(), "ncclGroupStart");
+    nccl_check(nccl::api().group_start(), "ncclGroupStart");
     for (int r = 0; r < tp(); ++r)
-      nccl_check(nccl().all_reduce(buffers_[size_t(r)], buffers_[size_t(r)], size_t(count), dtype, kNcclSum,
+      nccl_check(nccl::api().all_reduce(buffers_[size_t(r)], buffers_[size_t(r)], size_t(count), dtype, kNcclSum,
                                    comms_[size_t(r)], streams_[size_t(r)]),
                  "ncclAllReduce");
-    nccl_check(nccl().group_end(), "ncclGroupEnd");
+    nccl_check(nccl::api().group_end(), "ncclGroupEnd");
   }
   void synchronize() {
     for (int r = 0; r < tp(); ++r) {
@@ -141,7 +80,7 @@ class Ring {
   }
 
  private:
-  std::vector<ncclComm_t> comms_;
+  std::vector<nccl::Comm> comms_;
   std::vector<cudaStream_t> streams_;
   std::vector<void*> buffers_;
 };
@@ -227,16 +166,11 @@ int comm_device_count() {
   return n;
 }
 
-std::string nccl_describe() {
-  const Nccl& n = nccl();
-  if (!n.error.empty()) return n.error;
-  return "NCCL " + std::to_string(n.version / 10000) + "." + std::to_string(n.version / 100 % 100) + "." +
-         std::to_string(n.version % 100);
-}
+std::string nccl_describe() { return nccl::describe(); }
 
 std::vector<AllReducePoint> measure_nccl_all_reduce(const AllReduceSetup& setup) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast (see the file comment)
-  const Nccl& n = nccl();
+  const nccl::Api& n = nccl::api();
   if (!n.error.empty()) throw Error(ErrorCode::not_available, "all_reduce: " + n.error);
   const int gpus = comm_device_count();
   const int dtype = nccl_dtype(setup.dtype);
