@@ -314,9 +314,12 @@ if [[ $built -eq 1 ]]; then
         "$TESTS" --gtest_filter="$filter" --gtest_color=no
       note_last "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
     done
+    # --report-api-errors no: NCCL's communicator set-up (the all_reduce op) probes its kernels with
+    # CUDA calls that fail by design (cudaErrorNoKernelImageForDevice for other architectures);
+    # opforge's own CUDA calls are checked by the code and throw, which the harness reports.
     for tool in memcheck racecheck; do
       run_step "${tool}_harness" "$OUT/sanitizer.log" 300 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$BIN" check --backend cuda --mode test --group small
+        --report-api-errors no "$BIN" check --backend cuda --mode test --group small
       note_last "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
     done
   else

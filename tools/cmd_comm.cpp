@@ -9,6 +9,7 @@
 #include "backends/comm.h"
 #include "opforge/error.h"
 #include "opforge/perfdb.h"
+#include "opforge/registry.h"
 #include "tools/cli.h"
 #include "harness/instance.h"
 #include "opforge/collect.h"
@@ -41,6 +42,7 @@ void add_collect_comm(CLI::App& app, int& status) {
     perfdb::OpTable t;
     t.header.system = *system;
     t.header.op = "all_reduce";
+    global_registry();  // registering the backends installs the CUDA device ops (the card's name)
     const DeviceMemoryOps* ops = device_memory_ops(DeviceKind::cuda);
     const std::string card = ops && ops->device_name ? ops->device_name(0) : "CUDA device";
     t.header.device = std::to_string(comm_device_count()) + " x " + card + ", " + nccl_describe();

@@ -85,9 +85,12 @@ class Ring {
   std::vector<void*> buffers_;
 };
 
+// Elements of the sum check: odd, not a multiple of any vector width.
+constexpr int64_t kCheckCount = 4099;
+
 // Rank r holds r + 1 in every element; after the all-reduce every rank must hold tp (tp + 1) / 2.
 void check_sum(Ring& ring, DType t) {
-  const int64_t count = 4099;  // odd, not a multiple of any vector width
+  const int64_t count = kCheckCount;
   const int tp = ring.tp();
   for (int r = 0; r < tp; ++r) {
     cuda::DeviceGuard guard(r);
@@ -187,7 +190,7 @@ std::vector<AllReducePoint> measure_nccl_all_reduce(const AllReduceSetup& setup)
     if (tp < 2)
       throw Error(ErrorCode::invalid_argument, "all_reduce: argument 'tp': expected >= 2, got " + std::to_string(tp));
     if (tp > gpus) continue;
-    Ring ring(tp, max_bytes);
+    Ring ring(tp, std::max(max_bytes, kCheckCount * item));  // the check's buffer may be the larger
     check_sum(ring, setup.dtype);
     for (int64_t bytes : setup.bytes) {
       AllReducePoint p;
