@@ -82,6 +82,8 @@ std::vector<CeSpec> ce_specs() {
   s.push_back({"16x4096_none", CaseGroup::medium, 16, 4096, "none"});
   s.push_back({"16x32000", CaseGroup::medium, 16, 32000});
   s.push_back({"16x32000_all_options", CaseGroup::medium, 16, 32000, "mean", 0.1, 1e-4, 30.0, {}, -100, 0, 4.0});
+  // Rows split over several blocks on a GPU (few rows, long vocab), with ignored rows and padding.
+  s.push_back({"24x20000_none_ignore_pad8", CaseGroup::medium, 24, 20000, "none", 0, 0, 0, {5, -100, 19999, 0}, -100, 8});
   for (auto [tokens, vocab] : {std::pair<int64_t, int64_t>{16, 32000}, {1024, 32000}, {16, 128256}, {1024, 128256}})
     s.push_back({"t" + std::to_string(tokens) + "xv" + std::to_string(vocab), CaseGroup::large, tokens, vocab});
   s.push_back({"0x64", CaseGroup::edge, 0, 64});

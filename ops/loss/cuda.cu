@@ -6,6 +6,9 @@
 //    ops/softmax/cuda.cu) read the row once, keeping online (max, sum of exp(z - max)) and, with
 //    label smoothing, sum(z); z = softcap * tanh(x / softcap) is applied on the fly. One thread
 //    of the row then reads z[target] (a single element), and writes lse and the row's loss.
+//    Each thread keeps four 16-byte loads in flight (scan_units). With fewer rows than SMs a row
+//    is split over several blocks and their partial statistics merged by a second launch
+//    (Note [split rows]): 16 rows of a 128k vocab then use the whole card, not 16 SMs.
 //    Reductions run in a fixed order (ops/softmax/row_reduce.cuh), so results are deterministic.
 //  - sum / mean: the per-row losses go to the stream's workspace and one more launch of one
 //    block adds them in a fixed order (each thread a contiguous chunk in f64, then a tree), and
@@ -61,49 +64,110 @@ template <class T> struct ForwardArgs {
   Options o;
 };
 
+// One thread's share of a row: units u, u + step, ... below `end`, softcap applied, into the
+// online (max, sum of exp) and sum(z). Four loads are issued before the first is used, so a
+// thread keeps four 16-byte requests in flight instead of waiting out each one (what bounds a
+// row scan when a block has only a few units per thread). The order of the adds is the order
+// of u either way.
+template <class T, bool kVec>
+__device__ __forceinline__ void scan_units(const T* x, int64_t u, int64_t end, int64_t step, float softcap,
+                                           Stats& st, float& sum_z) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width, kInFlight = 4;
+  auto consume = [&](const typename U::Raw& raw) {
+    typename U::Floats z = U::widen(raw);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      z.v[j] = cap(z.v[j], softcap);
+      sum_z += z.v[j];
+    }
+    st = add_unit<T>(st, z.v);
+  };
+  for (; u + (kInFlight - 1) * step < end; u += kInFlight * step) {
+    typename U::Raw raw[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) raw[k] = U::load(x + (u + k * step) * W);
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) consume(raw[k]);
+  }
+  for (; u < end; u += step) consume(U::load(x + u * W));
+}
+
+// A row's lse and loss from its statistics (one thread).
+template <class T>
+__device__ __forceinline__ void finish_row(const ForwardArgs<T>& p, int64_t row, Stats st, float sum_z) {
+  const float lse = st.m + logf(st.s);
+  p.lse[row * p.lse_stride] = lse;
+  const int64_t t = p.target[row * p.target_stride];
+  float loss = 0.0f;
+  if (t != p.o.ignore_index) {
+    if (t < 0 || t >= p.vocab) {
+      loss = NAN;
+    } else {
+      const float zt = cap(to_f32(p.logits[row * p.logits_stride + t]), p.o.softcap);
+      const float eps = p.o.smoothing / float(p.vocab);
+      loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.smoothing * lse - eps * sum_z + p.o.z_scale * lse * lse;
+    }
+  }
+  p.loss[row * p.loss_stride] = loss;
+}
+
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) {
-  using U = UnitOf<T, kVec>;
-  constexpr int W = U::width;
   __shared__ Stats stats_scratch[32];
   __shared__ float sum_scratch[32];
-  const int64_t units = p.vocab / W;
+  const int64_t units = p.vocab / UnitOf<T, kVec>::width;
   const int rows_per_block = int(blockDim.x) / rt;
   const int64_t tid = int(threadIdx.x) % rt;
   const int64_t row_step = int64_t(gridDim.x) * rows_per_block;
   for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < p.rows; base += row_step) {
     const int64_t row = base + int(threadIdx.x) / rt;
     const bool live = row < p.rows;
-    const T* x = p.logits + (live ? row : 0) * p.logits_stride;
     Stats st{-INFINITY, 0.0f};
     float sum_z = 0.0f;
-    for (int64_t u = tid; live && u < units; u += rt) {
-      typename U::Floats z = U::widen(U::load(x + u * W));
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        z.v[j] = cap(z.v[j], p.o.softcap);
-        sum_z += z.v[j];
-      }
-      st = add_unit<T>(st, z.v);
-    }
+    if (live) scan_units<T, kVec>(p.logits + row * p.logits_stride, tid, units, rt, p.o.softcap, st, sum_z);
     st = row_stats(st, rt, stats_scratch);
     if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, rt, sum_scratch);
-    if (!live || tid != 0) continue;
-    const float lse = st.m + logf(st.s);
-    p.lse[row * p.lse_stride] = lse;
-    const int64_t t = p.target[row * p.target_stride];
-    float loss = 0.0f;
-    if (t != p.o.ignore_index) {
-      if (t < 0 || t >= p.vocab) {
-        loss = NAN;
-      } else {
-        const float zt = cap(to_f32(x[t]), p.o.softcap);
-        const float eps = p.o.smoothing / float(p.vocab);
-        loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.smoothing * lse - eps * sum_z + p.o.z_scale * lse * lse;
-      }
-    }
-    p.loss[row * p.loss_stride] = loss;
+    if (live && tid == 0) finish_row(p, row, st, sum_z);
   }
+}
+
+// Note [split rows]: with few rows (fewer blocks than SMs), one block per row leaves most of the
+// card idle and each thread waits out dozens of dependent loads. Then a row is cut into `splits`
+// segments of `seg_units` units, one block of 256 threads each, which leave (max, sum of exp,
+// sum z) per segment in the workspace; a second launch merges a row's segments in segment order
+// (one thread per row: the same bits every run) and finishes the row.
+template <class T, bool kVec>
+__global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, int64_t splits, int64_t seg_units,
+                                                            float* partials) {
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  const int64_t units = p.vocab / UnitOf<T, kVec>::width;
+  const int64_t row = int64_t(blockIdx.x) / splits, seg = int64_t(blockIdx.x) % splits;
+  const int64_t end = min(units, (seg + 1) * seg_units);
+  Stats st{-INFINITY, 0.0f};
+  float sum_z = 0.0f;
+  scan_units<T, kVec>(p.logits + row * p.logits_stride, seg * seg_units + threadIdx.x, end, blockDim.x,
+                      p.o.softcap, st, sum_z);
+  st = row_stats(st, int(blockDim.x), stats_scratch);
+  if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, int(blockDim.x), sum_scratch);
+  if (threadIdx.x != 0) return;
+  float* out = partials + 3 * (row * splits + seg);
+  out[0] = st.m, out[1] = st.s, out[2] = sum_z;
+}
+
+template <class T>
+__global__ void __launch_bounds__(128) forward_combine_kernel(ForwardArgs<T> p, int64_t splits, const float* partials) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= p.rows) return;
+  Stats st{-INFINITY, 0.0f};
+  float sum_z = 0.0f;
+  for (int64_t seg = 0; seg < splits; ++seg) {
+    const float* in = partials + 3 * (row * splits + seg);
+    st = merge(st, Stats{in[0], in[1]});
+    sum_z += in[2];
+  }
+  finish_row(p, row, st, sum_z);
 }
 
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
@@ -216,9 +280,25 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     }
     return;
   }
-  float* per_row = red == Red::none ? loss.ptr<float>()
-                                    : static_cast<float*>(cuda_workspace(ctx, rows * int64_t(sizeof(float))));
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  // Note [split rows]: segments when one block per row would not give every SM a block, and the
+  // rows are long enough that each of a segment's 256 threads still gets at least 4 units.
+  constexpr int64_t kSplitBlock = 256, kMinUnitsPerThread = 4;
+  const int64_t units = vocab / (kVec ? 16 / logits.itemsize() : 1);  // 16-byte packs or elements
+  int64_t splits = 1, seg_units = units;
+  if (rows < props.sm_count) {
+    const int64_t want = (2 * int64_t(props.sm_count) + rows - 1) / rows;  // about two blocks per SM
+    const int64_t most = units / (kSplitBlock * kMinUnitsPerThread);
+    splits = std::max<int64_t>(1, std::min(want, most));
+    seg_units = (units + splits - 1) / splits;
+    splits = (units + seg_units - 1) / seg_units;  // no empty segment
+  }
+  // Workspace: per-row losses (sum / mean), then the segments' partials (split rows).
+  const int64_t loss_bytes = red == Red::none ? 0 : (rows * int64_t(sizeof(float)) + 15) / 16 * 16;
+  const int64_t part_bytes = splits > 1 ? rows * splits * 3 * int64_t(sizeof(float)) : 0;
+  char* ws = loss_bytes + part_bytes > 0 ? static_cast<char*>(cuda_workspace(ctx, loss_bytes + part_bytes)) : nullptr;
+  float* per_row = red == Red::none ? loss.ptr<float>() : reinterpret_cast<float*>(ws);
+  float* partials = splits > 1 ? reinterpret_cast<float*>(ws + loss_bytes) : nullptr;
   dispatch_float(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     ForwardArgs<T> p{};
@@ -228,7 +308,14 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     p.loss = per_row, p.loss_stride = red == Red::none ? stride0(loss) : 1;
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.o = o;
-    const int64_t units = vocab / UnitOf<T, kVec>::width;
+    if (splits > 1) {
+      forward_split_kernel<T, kVec><<<unsigned(rows * splits), unsigned(kSplitBlock), 0, stream>>>(p, splits, seg_units,
+                                                                                                   partials);
+      check_launch("cross_entropy split kernel launch");
+      forward_combine_kernel<T><<<unsigned((rows + 127) / 128), 128, 0, stream>>>(p, splits, partials);
+      check_launch("cross_entropy combine kernel launch");
+      return;
+    }
     int rt = 32;  // a warp per short row, up to 256 threads per long row; several rows per SM
     while (rt < 256 && int64_t(rt) * 8 < units) rt *= 2;
     const int block = 256;

@@ -18,6 +18,8 @@
 //    once per token, so a round is about 20 instructions. Lane r keeps round r's key and id; after
 //    the rounds every lane computes its weight exp(logit - max) / sum from the decoded key at once
 //    (the same f32 math as the softmax), and lanes < topk store their results (coalesced).
+//  - bf16 / f16 logits: the 16-bit order key and the complemented id share one 32-bit word
+//    (Note [packed routing keys]), so a round is a single redux.sync (max) and no id search.
 //  - cuda_vec (priority 200): a lane's V experts come in with one vector load of V * itemsize bytes
 //    (16 bytes for f32 with V = 4, split in 16-byte loads above that); the predicate requires
 //    E = 32 V and the row base and stride aligned to that width. cuda (priority 100): scalar loads
@@ -81,6 +83,22 @@ __device__ __forceinline__ float key_value(unsigned k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// 16-bit element bits and their order key (same mapping as order_key, on 16 bits).
+template <class T> __device__ __forceinline__ unsigned bits16(T v) {
+  unsigned short b;
+  static_assert(sizeof(T) == 2);
+  __builtin_memcpy(&b, &v, 2);
+  return b;
+}
+template <class T> __device__ __forceinline__ T from_bits16(unsigned b) {
+  const unsigned short s = static_cast<unsigned short>(b);
+  T v;
+  __builtin_memcpy(&v, &s, 2);
+  return v;
+}
+__device__ __forceinline__ unsigned order_key16(unsigned b) { return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u); }
+__device__ __forceinline__ unsigned key16_bits(unsigned k) { return (k & 0x8000u) ? (k & 0x7fffu) : (~k & 0xffffu); }
+
 template <class T, int V, bool kVec>
 __global__ void __launch_bounds__(256) topk_softmax_kernel(Args<T> a) {
   const int lane = threadIdx.x & 31;
@@ -110,24 +128,46 @@ __global__ void __launch_bounds__(256) topk_softmax_kernel(Args<T> a) {
     for (int j = 0; j < V; ++j) sum += (taken >> j & 1u) ? 0.0f : expf(v[j] - m);
     sum = group_sum<32>(sum);
 
-    // Keys computed once; a taken (or padded) expert's key becomes 0, below every real key.
-    unsigned key[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) key[j] = (taken >> j & 1u) ? 0u : order_key(v[j]);
     unsigned my_key = 0;
     int my_id = 0;
-    for (int r = 0; r < a.topk; ++r) {
-      unsigned best = key[0];
+    if constexpr (sizeof(T) == 2) {
+      // Note [packed routing keys]: a 16-bit logit's order key and the complement of its id fit
+      // one 32-bit word, unique per expert, whose integer order is (logit, then lower id): a round
+      // is one redux.sync, and the lane holding the winner is the one whose key equals it.
+      unsigned key[V];
 #pragma unroll
-      for (int j = 1; j < V; ++j) best = max(best, key[j]);
-      const unsigned top = __reduce_max_sync(0xffffffffu, best);
-      unsigned cand = 0xffffffffu;  // this lane's lowest id holding the top key
+      for (int j = 0; j < V; ++j)
+        key[j] = (taken >> j & 1u) ? 0u : (order_key16(bits16(from_f32<T>(v[j]))) << 16) | (0xffffu - unsigned(first + j));
+      for (int r = 0; r < a.topk; ++r) {
+        unsigned best = key[0];
 #pragma unroll
-      for (int j = V - 1; j >= 0; --j) cand = key[j] == top ? unsigned(first + j) : cand;
-      const unsigned id = __reduce_min_sync(0xffffffffu, cand);
+        for (int j = 1; j < V; ++j) best = max(best, key[j]);
+        const unsigned top = __reduce_max_sync(0xffffffffu, best);
 #pragma unroll
-      for (int j = 0; j < V; ++j) key[j] = unsigned(first + j) == id ? 0u : key[j];
-      if (lane == r) my_key = top, my_id = int(id);
+        for (int j = 0; j < V; ++j) key[j] = key[j] == top ? 0u : key[j];
+        if (lane == r) my_key = top;
+      }
+      my_id = int(0xffffu - (my_key & 0xffffu));
+      const float logit = to_f32(from_bits16<T>(key16_bits(my_key >> 16)));
+      my_key = order_key(logit);  // the f32 key the weight below decodes
+    } else {
+      // Keys computed once; a taken (or padded) expert's key becomes 0, below every real key.
+      unsigned key[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) key[j] = (taken >> j & 1u) ? 0u : order_key(v[j]);
+      for (int r = 0; r < a.topk; ++r) {
+        unsigned best = key[0];
+#pragma unroll
+        for (int j = 1; j < V; ++j) best = max(best, key[j]);
+        const unsigned top = __reduce_max_sync(0xffffffffu, best);
+        unsigned cand = 0xffffffffu;  // this lane's lowest id holding the top key
+#pragma unroll
+        for (int j = V - 1; j >= 0; --j) cand = key[j] == top ? unsigned(first + j) : cand;
+        const unsigned id = __reduce_min_sync(0xffffffffu, cand);
+#pragma unroll
+        for (int j = 0; j < V; ++j) key[j] = unsigned(first + j) == id ? 0u : key[j];
+        if (lane == r) my_key = top, my_id = int(id);
+      }
     }
     // Lane r's weight from its round's key: the same f32 math as the softmax above.
     float my_w = expf(key_value(my_key) - m) / sum;
