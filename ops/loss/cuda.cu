@@ -135,11 +135,11 @@ __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) 
 // Note [split rows]: with few rows (fewer blocks than SMs), one block per row leaves most of the
 // card idle and each thread waits out dozens of dependent loads. Then a row is cut into `splits`
 // segments of `seg_units` units, one block of 256 threads each, which leave (max, sum of exp,
-// sum z) per segment in the workspace; a second launch merges a row's segments in segment order
-// (one thread per row: the same bits every run) and finishes the row.
+// sum z) per segment in the workspace; the last block to finish merges them (finish_split_rows).
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, int64_t splits, int64_t seg_units,
-                                                            float* partials) {
+                                                            float* partials, unsigned* arrivals, int red,
+                                                            float* reduced) {
   __shared__ Stats stats_scratch[32];
   __shared__ float sum_scratch[32];
   const int64_t units = p.vocab / UnitOf<T, kVec>::width;
@@ -151,23 +151,39 @@ __global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, in
                       p.o.softcap, st, sum_z);
   st = row_stats(st, int(blockDim.x), stats_scratch);
   if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, int(blockDim.x), sum_scratch);
-  if (threadIdx.x != 0) return;
-  float* out = partials + 3 * (row * splits + seg);
-  out[0] = st.m, out[1] = st.s, out[2] = sum_z;
+  if (threadIdx.x == 0) {
+    float* out = partials + 3 * (row * splits + seg);
+    out[0] = st.m, out[1] = st.s, out[2] = sum_z;
+  }
+  if (last_block_arrives(arrivals, gridDim.x)) finish_split_rows(p, splits, partials, red, reduced);
 }
 
+// The split kernel's last block (Note [last block]) merges every row's segments in segment order,
+// finishes the rows and, for sum / mean, adds the per-row losses in row order in f64 (rows are
+// fewer than the SMs here, so one thread does it): one launch in all, the same bits every run.
 template <class T>
-__global__ void __launch_bounds__(128) forward_combine_kernel(ForwardArgs<T> p, int64_t splits, const float* partials) {
-  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= p.rows) return;
-  Stats st{-INFINITY, 0.0f};
-  float sum_z = 0.0f;
-  for (int64_t seg = 0; seg < splits; ++seg) {
-    const float* in = partials + 3 * (row * splits + seg);
-    st = merge(st, Stats{in[0], in[1]});
-    sum_z += in[2];
+__device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const float* partials, int red,
+                                  float* reduced) {
+  for (int64_t row = threadIdx.x; row < p.rows; row += blockDim.x) {
+    Stats st{-INFINITY, 0.0f};
+    float sum_z = 0.0f;
+    for (int64_t seg = 0; seg < splits; ++seg) {
+      const float* in = partials + 3 * (row * splits + seg);
+      st = merge(st, Stats{__ldcg(in), __ldcg(in + 1)});
+      sum_z += __ldcg(in + 2);
+    }
+    finish_row(p, row, st, sum_z);
   }
-  finish_row(p, row, st, sum_z);
+  if (red == 0) return;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_block();
+  double sum = 0, kept = 0;
+  for (int64_t row = 0; row < p.rows; ++row) {
+    sum += double(p.loss[row * p.loss_stride]);
+    kept += p.target[row * p.target_stride] != p.o.ignore_index ? 1.0 : 0.0;
+  }
+  *reduced = float(red == 1 ? sum : sum / kept);  // mean of no kept row: 0 / 0 = NaN, as the reference
 }
 
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
@@ -309,11 +325,10 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.o = o;
     if (splits > 1) {
-      forward_split_kernel<T, kVec><<<unsigned(rows * splits), unsigned(kSplitBlock), 0, stream>>>(p, splits, seg_units,
-                                                                                                   partials);
+      forward_split_kernel<T, kVec><<<unsigned(rows * splits), unsigned(kSplitBlock), 0, stream>>>(
+          p, splits, seg_units, partials, cuda_grid_barrier(ctx), red == Red::none ? 0 : red == Red::sum ? 1 : 2,
+          loss.ptr<float>());
       check_launch("cross_entropy split kernel launch");
-      forward_combine_kernel<T><<<unsigned((rows + 127) / 128), 128, 0, stream>>>(p, splits, partials);
-      check_launch("cross_entropy combine kernel launch");
       return;
     }
     int rt = 32;  // a warp per short row, up to 256 threads per long row; several rows per SM
@@ -325,7 +340,7 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     forward_kernel<T, kVec><<<unsigned(blocks), block, 0, stream>>>(p, rt);
     check_launch("cross_entropy kernel launch");
   });
-  if (red != Red::none) {
+  if (red != Red::none && splits == 1) {  // split rows reduce in their own launch
     RowReduce r;
     r.losses = per_row, r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
     r.ignore_index = o.ignore_index, r.divide = red == Red::mean, r.out = loss.ptr<float>();

@@ -225,6 +225,25 @@ __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
   __syncthreads();
 }
 
+// Note [last block]: the same word and arithmetic as grid_barrier, without waiting: true in the one
+// block whose arrival completes the launch (its add flips the top bit), false in the others, so a
+// grid's last block can finish the work of all (a combine, a reduction) in the same launch. The
+// launch need not be cooperative. Writes every block made before arriving are visible to the last
+// one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier.
+__device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
+    const unsigned before = atomicAdd(state, add);
+    last = ((before ^ (before + add)) & 0x80000000u) != 0;
+    __threadfence();
+  }
+  __syncthreads();
+  return last;
+}
+
 // ---- dtype dispatch ------------------------------------------------------------------------------
 // Calls f(T{}) with T = float, __half or __nv_bfloat16 for the view's dtype; throws otherwise
 // (predicates reject other dtypes first, so this is a broken invariant).
