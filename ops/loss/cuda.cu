@@ -64,6 +64,8 @@ template <class T> struct ForwardArgs {
   Options o;
 };
 
+constexpr int kSplitBlock = 256;  // threads of a split-row block (Note [split rows])
+
 // One thread's share of a row: units u, u + step, ... below `end`, softcap applied, into the
 // online (max, sum of exp) and sum(z). Four loads are issued before the first is used, so a
 // thread keeps four 16-byte requests in flight instead of waiting out each one (what bounds a
@@ -95,7 +97,7 @@ __device__ __forceinline__ void scan_units(const T* x, int64_t u, int64_t end, i
 
 // A row's lse and loss from its statistics (one thread).
 template <class T>
-__device__ __forceinline__ void finish_row(const ForwardArgs<T>& p, int64_t row, Stats st, float sum_z) {
+__device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row, Stats st, float sum_z) {
   const float lse = st.m + logf(st.s);
   p.lse[row * p.lse_stride] = lse;
   const int64_t t = p.target[row * p.target_stride];
@@ -110,6 +112,7 @@ __device__ __forceinline__ void finish_row(const ForwardArgs<T>& p, int64_t row,
     }
   }
   p.loss[row * p.loss_stride] = loss;
+  return loss;
 }
 
 template <class T, bool kVec>
@@ -158,32 +161,53 @@ __global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, in
   if (last_block_arrives(arrivals, gridDim.x)) finish_split_rows(p, splits, partials, red, reduced);
 }
 
-// The split kernel's last block (Note [last block]) merges every row's segments in segment order,
-// finishes the rows and, for sum / mean, adds the per-row losses in row order in f64 (rows are
-// fewer than the SMs here, so one thread does it): one launch in all, the same bits every run.
+// The split kernel's last block (Note [last block]) finishes every row: the segments' partials are
+// staged through shared memory by all its threads (parallel loads, not one chain per row), thread r
+// merges row r's segments in segment order and finishes the row, and for sum / mean the first warp
+// adds the rows' losses in f64 in a fixed order (lane l: rows l, l + 32, ...; then a butterfly
+// every lane runs identically): one launch in all, the same bits every run. rows <= blockDim.x.
 template <class T>
 __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const float* partials, int red,
                                   float* reduced) {
-  for (int64_t row = threadIdx.x; row < p.rows; row += blockDim.x) {
-    Stats st{-INFINITY, 0.0f};
-    float sum_z = 0.0f;
-    for (int64_t seg = 0; seg < splits; ++seg) {
-      const float* in = partials + 3 * (row * splits + seg);
-      st = merge(st, Stats{__ldcg(in), __ldcg(in + 1)});
-      sum_z += __ldcg(in + 2);
+  constexpr int kStage = 1024;
+  __shared__ float stage[3 * kStage];
+  __shared__ float row_loss[kSplitBlock];
+  __shared__ bool row_kept[kSplitBlock];
+  const int64_t row = threadIdx.x, total = p.rows * splits;
+  Stats st{-INFINITY, 0.0f};
+  float sum_z = 0.0f;
+  for (int64_t base = 0; base < total; base += kStage) {
+    const int64_t n = min(int64_t(kStage), total - base);
+    for (int64_t i = threadIdx.x; i < 3 * n; i += blockDim.x) stage[i] = __ldcg(partials + 3 * base + i);
+    __syncthreads();
+    if (row < p.rows) {
+      const int64_t lo = max(base, row * splits), hi = min(base + n, (row + 1) * splits);
+      for (int64_t e = lo; e < hi; ++e) {
+        const float* in = stage + 3 * (e - base);
+        st = merge(st, Stats{in[0], in[1]});
+        sum_z += in[2];
+      }
     }
-    finish_row(p, row, st, sum_z);
+    __syncthreads();
+  }
+  if (row < p.rows) {
+    row_loss[row] = finish_row(p, row, st, sum_z);
+    row_kept[row] = p.target[row * p.target_stride] != p.o.ignore_index;
   }
   if (red == 0) return;
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  __threadfence_block();
+  if (threadIdx.x >= 32) return;
   double sum = 0, kept = 0;
-  for (int64_t row = 0; row < p.rows; ++row) {
-    sum += double(p.loss[row * p.loss_stride]);
-    kept += p.target[row * p.target_stride] != p.o.ignore_index ? 1.0 : 0.0;
+  for (int64_t r = threadIdx.x; r < p.rows; r += 32) {
+    sum += double(row_loss[r]);
+    kept += row_kept[r] ? 1.0 : 0.0;
   }
-  *reduced = float(red == 1 ? sum : sum / kept);  // mean of no kept row: 0 / 0 = NaN, as the reference
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    kept += __shfl_xor_sync(0xffffffffu, kept, offset);
+  }
+  if (threadIdx.x == 0) *reduced = float(red == 1 ? sum : sum / kept);  // mean of no kept row: NaN, as the reference
 }
 
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
@@ -298,11 +322,11 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
   }
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
   // Note [split rows]: segments when one block per row would not give every SM a block, and the
-  // rows are long enough that each of a segment's 256 threads still gets at least 4 units.
-  constexpr int64_t kSplitBlock = 256, kMinUnitsPerThread = 4;
+  // rows are long enough that each of a segment's 256 threads still gets at least 2 units.
+  constexpr int64_t kMinUnitsPerThread = 2;
   const int64_t units = vocab / (kVec ? 16 / logits.itemsize() : 1);  // 16-byte packs or elements
   int64_t splits = 1, seg_units = units;
-  if (rows < props.sm_count) {
+  if (rows < props.sm_count && rows <= kSplitBlock) {
     const int64_t want = (2 * int64_t(props.sm_count) + rows - 1) / rows;  // about two blocks per SM
     const int64_t most = units / (kSplitBlock * kMinUnitsPerThread);
     splits = std::max<int64_t>(1, std::min(want, most));
