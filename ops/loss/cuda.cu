@@ -69,8 +69,8 @@ constexpr int kSplitBlock = 256;  // threads of a split-row block (Note [split r
 // One thread's share of a row: units u, u + step, ... below `end`, softcap applied, into the
 // online (max, sum of exp) and sum(z). Four loads are issued before the first is used, so a
 // thread keeps four 16-byte requests in flight instead of waiting out each one (what bounds a
-// row scan when a block has only a few units per thread). The order of the adds is the order
-// of u either way.
+// row scan when a block has only a few units per thread), the last batch included. The order of
+// the adds is the order of u either way.
 template <class T, bool kVec>
 __device__ __forceinline__ void scan_units(const T* x, int64_t u, int64_t end, int64_t step, float softcap,
                                            Stats& st, float& sum_z) {
@@ -85,31 +85,37 @@ __device__ __forceinline__ void scan_units(const T* x, int64_t u, int64_t end, i
     }
     st = add_unit<T>(st, z.v);
   };
-  for (; u + (kInFlight - 1) * step < end; u += kInFlight * step) {
+  for (; u < end; u += kInFlight * step) {  // the last batch guards its loads (no serial tail)
     typename U::Raw raw[kInFlight];
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) raw[k] = U::load(x + (u + k * step) * W);
+    for (int k = 0; k < kInFlight; ++k)
+      if (u + k * step < end) raw[k] = U::load(x + (u + k * step) * W);
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) consume(raw[k]);
+    for (int k = 0; k < kInFlight; ++k)
+      if (u + k * step < end) consume(raw[k]);
   }
-  for (; u < end; u += step) consume(U::load(x + u * W));
 }
 
-// A row's lse and loss from its statistics (one thread).
+// A row's target and its (softcapped) logit; zt is NaN when the target is out of range, 0 when
+// the row is ignored.
 template <class T>
-__device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row, Stats st, float sum_z) {
+__device__ __forceinline__ void load_target(const ForwardArgs<T>& p, int64_t row, int64_t& t, float& zt) {
+  t = p.target[row * p.target_stride];
+  zt = t == p.o.ignore_index ? 0.0f
+       : (t < 0 || t >= p.vocab) ? NAN
+                                 : cap(to_f32(p.logits[row * p.logits_stride + t]), p.o.softcap);
+}
+
+// A row's lse and loss from its statistics and target (one thread).
+template <class T>
+__device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row, Stats st, float sum_z, int64_t t,
+                                            float zt) {
   const float lse = st.m + logf(st.s);
   p.lse[row * p.lse_stride] = lse;
-  const int64_t t = p.target[row * p.target_stride];
   float loss = 0.0f;
   if (t != p.o.ignore_index) {
-    if (t < 0 || t >= p.vocab) {
-      loss = NAN;
-    } else {
-      const float zt = cap(to_f32(p.logits[row * p.logits_stride + t]), p.o.softcap);
-      const float eps = p.o.smoothing / float(p.vocab);
-      loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.smoothing * lse - eps * sum_z + p.o.z_scale * lse * lse;
-    }
+    const float eps = p.o.smoothing / float(p.vocab);
+    loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.smoothing * lse - eps * sum_z + p.o.z_scale * lse * lse;
   }
   p.loss[row * p.loss_stride] = loss;
   return loss;
@@ -131,7 +137,12 @@ __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) 
     if (live) scan_units<T, kVec>(p.logits + row * p.logits_stride, tid, units, rt, p.o.softcap, st, sum_z);
     st = row_stats(st, rt, stats_scratch);
     if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, rt, sum_scratch);
-    if (live && tid == 0) finish_row(p, row, st, sum_z);
+    if (live && tid == 0) {
+      int64_t t;
+      float zt;
+      load_target(p, row, t, zt);
+      finish_row(p, row, st, sum_z, t, zt);
+    }
   }
 }
 
@@ -174,6 +185,9 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
   __shared__ float row_loss[kSplitBlock];
   __shared__ bool row_kept[kSplitBlock];
   const int64_t row = threadIdx.x, total = p.rows * splits;
+  int64_t t = 0;
+  float zt = 0.0f;
+  if (row < p.rows) load_target(p, row, t, zt);  // in flight while the partials are staged
   Stats st{-INFINITY, 0.0f};
   float sum_z = 0.0f;
   for (int64_t base = 0; base < total; base += kStage) {
@@ -191,8 +205,8 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
     __syncthreads();
   }
   if (row < p.rows) {
-    row_loss[row] = finish_row(p, row, st, sum_z);
-    row_kept[row] = p.target[row * p.target_stride] != p.o.ignore_index;
+    row_loss[row] = finish_row(p, row, st, sum_z, t, zt);
+    row_kept[row] = t != p.o.ignore_index;
   }
   if (red == 0) return;
   __syncthreads();
