@@ -526,12 +526,12 @@ TEST(PerfdbQuery2D, BilinearInLogsIsExactOnSeparablePowerLaws) {
   EXPECT_EQ(a.how, "bilinear in batch between 2 and 4 and context between 1024 and 2048");
   EXPECT_NEAR(a.us / (2 * std::pow(3.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
   Answer one = db.query("attention_decode", "cpu", "bf16", decode_at(4, 1500));
-  EXPECT_EQ(one.how, "interpolated in context between 1024 and 2048 (monotone cubic in log-log)");
+  EXPECT_EQ(one.how, "interpolated in context between 1024 and 2048 (fixed cost plus power law)");
   EXPECT_NEAR(one.us / (2 * std::pow(4.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
   // interpolated in one axis, extrapolated in the other
   Answer mix = db.query("attention_decode", "cpu", "bf16", decode_at(16, 1500));
   EXPECT_EQ(mix.method, Method::extrapolated);
-  EXPECT_NE(mix.how.find("interpolated in context between 1024 and 2048 (monotone cubic in log-log), extrapolated in "
+  EXPECT_NE(mix.how.find("interpolated in context between 1024 and 2048 (fixed cost plus power law), extrapolated in "
                          "batch from 8 (2.0x beyond)"),
             std::string::npos) << mix.how;
   EXPECT_NEAR(mix.us / (2 * std::pow(8.0, 0.9) * std::pow(1500.0, 0.6) * 2.0), 1.0, 1e-12);

@@ -25,13 +25,16 @@
 //   - Every dim that is not an axis must match a stored row exactly.
 //   - measured:     the point is stored.
 //   - interpolated: inside the grid along the axes. Along one axis (a 1-axis table, or a 2-axis
-//                   table with the other axis on a stored value): by default a monotone cubic in
-//                   log(time) over log(axis) through every stored point of that line (PCHIP,
-//                   Note [monotone cubic in log-log] in src/perfdb/internal.h); with
-//                   Interpolation::log_linear, or when the line holds only the two neighbours,
-//                   log(time) linear in log(axis) between the two neighbouring stored values.
-//                   Both pass through the stored points and reproduce a power law exactly; the
-//                   cubic follows the bend of a launch floor into a bandwidth slope. On two axes
+//                   table with the other axis on a stored value): by default time = a + b * axis^p
+//                   (a fixed cost plus a power law, a >= 0) through the two neighbours and the
+//                   next stored point on either side (Note [fixed cost plus power law] in
+//                   src/perfdb/internal.h), else a monotone cubic in log(time) over log(axis)
+//                   through every stored point of that line (PCHIP, Note [monotone cubic in
+//                   log-log]); with Interpolation::log_linear, or when the line holds only the two
+//                   neighbours, log(time) linear in log(axis) between the two neighbouring stored
+//                   values. All pass through the stored points, reproduce a power law exactly and
+//                   stay between the neighbours' times on monotone data; the first two follow the
+//                   bend of a launch floor into a bandwidth slope. On two axes
 //                   both inside: bilinear in the logs (the four corners must all be stored). On
 //                   2 axes an axis whose query value is stored may instead be held there, the
 //                   other bracketed along that line.
@@ -97,10 +100,13 @@ struct OpTable {
 enum class Method { measured, interpolated, extrapolated, modelled };
 const char* method_name(Method m);
 
-// How a query interpolates along one axis (see the query rule above): monotone cubic in log-log
-// (the default), or log time linear in log axis between the two neighbours (the plain rule).
-enum class Interpolation { monotone_cubic, log_linear };
-const char* interpolation_name(Interpolation m);  // "monotone cubic in log-log", "linear in log-log"
+// How a query interpolates along one axis (see the query rule above): a fixed cost plus a power
+// law through the neighbours and the next point on either side, where one fits, else the monotone
+// cubic in log-log (the default); the monotone cubic in log-log alone; or log time linear in log
+// axis between the two neighbours (the plain rule).
+enum class Interpolation { floor_power, monotone_cubic, log_linear };
+// "fixed cost plus power law", "monotone cubic in log-log", "linear in log-log"
+const char* interpolation_name(Interpolation m);
 
 struct Answer {
   double us = 0;
@@ -148,7 +154,7 @@ class Database {
 
   // Replace the cost model used for extrapolation (an empty function restores perfdb::cost_at).
   void set_cost_model(CostFn fn) { cost_ = std::move(fn); }
-  // How queries interpolate along one axis (default Interpolation::monotone_cubic).
+  // How queries interpolate along one axis (default Interpolation::floor_power).
   void set_interpolation(Interpolation m) { interp_ = m; }
   Interpolation interpolation() const { return interp_; }
 
@@ -157,7 +163,7 @@ class Database {
   std::string folder_;
   std::map<std::string, OpTable> tables_;
   CostFn cost_;
-  Interpolation interp_ = Interpolation::monotone_cubic;
+  Interpolation interp_ = Interpolation::floor_power;
 };
 
 // ---- model-shaped grids (src/perfdb/grid.cpp) ----------------------------------------------

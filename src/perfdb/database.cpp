@@ -43,6 +43,7 @@ const char* method_name(Method m) {
 
 const char* interpolation_name(Interpolation m) {
   switch (m) {
+    case Interpolation::floor_power: return "fixed cost plus power law";
     case Interpolation::monotone_cubic: return "monotone cubic in log-log";
     case Interpolation::log_linear: return "linear in log-log";
   }
@@ -306,9 +307,9 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
       es.push_back(r->energy_uj.value_or(0));
     }
     const double x = double(q.at(axes[ia]));
-    Interpolation used = xs.size() > 2 ? interp : Interpolation::log_linear;
-    ans.us = detail::interp_line(xs, ts, x, used);
-    if (energy && line_energy) ans.energy_uj = detail::interp_line(xs, es, x, used);
+    Interpolation used = interp;
+    ans.us = detail::interp_line(xs, ts, x, interp, &used);
+    if (energy && line_energy) ans.energy_uj = detail::interp_line(xs, es, x, interp);
     line_method = fmt::format(" ({})", interpolation_name(used));
   }
   if (std::none_of(br.begin(), br.end(), [](const Bracket& b) { return b.kind == Bracket::inside; })) {
