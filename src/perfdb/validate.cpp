@@ -3,8 +3,9 @@
 // Note [leave-one-out]: for every op, impl and dtype, and along each axis separately, the rows
 // that share every other dim form a line sorted by that axis.
 //   - Interior rows (a stored neighbour on both sides of the line) are predicted from the rest of
-//     the line by the database's interpolation (Database::interpolation(), Note [monotone cubic in
-//     log-log] in src/perfdb/internal.h), exactly as a query would answer with that row removed
+//     the line by the database's interpolation (Database::interpolation(), Notes [fixed cost plus
+//     power law] and [monotone cubic in log-log] in src/perfdb/internal.h), exactly as a query
+//     would answer with that row removed
 //     and the other axis on its stored value; |predicted - measured| / measured is recorded. The
 //     same rows are also predicted by the plain rule (log time linear in log axis between the two
 //     neighbours), so that one run shows both. These are the numbers the goal (median <= 3%,
