@@ -523,8 +523,14 @@ TEST(PerfdbQuery2D, BilinearInLogsIsExactOnSeparablePowerLaws) {
   });
   Answer a = db.query("attention_decode", "auto", "bf16", decode_at(3, 1500));
   EXPECT_EQ(a.method, Method::interpolated);
-  EXPECT_EQ(a.how, "bilinear in batch between 2 and 4 and context between 1024 and 2048");
+  EXPECT_EQ(a.how, "interpolated in batch between 2 and 4 and context between 1024 and 2048 (fixed cost plus power "
+                   "law; along context on each line of batch, then along batch)");
   EXPECT_NEAR(a.us / (2 * std::pow(3.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
+  db.set_interpolation(Interpolation::log_linear);  // the plain rule: the four corners, bilinear in the logs
+  Answer corners = db.query("attention_decode", "auto", "bf16", decode_at(3, 1500));
+  EXPECT_EQ(corners.how, "bilinear in batch between 2 and 4 and context between 1024 and 2048");
+  EXPECT_NEAR(corners.us / a.us, 1.0, 1e-12);
+  db.set_interpolation(Interpolation::floor_power);
   Answer one = db.query("attention_decode", "cpu", "bf16", decode_at(4, 1500));
   EXPECT_EQ(one.how, "interpolated in context between 1024 and 2048 (fixed cost plus power law)");
   EXPECT_NEAR(one.us / (2 * std::pow(4.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
@@ -539,6 +545,27 @@ TEST(PerfdbQuery2D, BilinearInLogsIsExactOnSeparablePowerLaws) {
   Dims other = decode_at(2, 1024);
   other["head_dim"] = 64;
   EXPECT_NE(unavailable([&] { db.query("attention_decode", "cpu", "bf16", other); }).find("head_dim=64"), std::string::npos);
+}
+
+TEST(PerfdbQuery2D, BothAxesInsideAreExactOnAFixedCostPlusAProduct) {
+  // decode-like: a launch cost plus batch x context of reads, t = 3 + 0.002 * b * c; the one-axis
+  // rule along context on each batch line, then along batch, is exact; the corners' bilinear
+  // interpolation of the logs is not (Note [two axes by lines])
+  TempDir dir;
+  OpTable t = decode_table("sysA");
+  for (Row& r : t.rows) r.median_us = 3 + 0.002 * double(r.dims.at("batch")) * double(r.dims.at("context"));
+  write_table(t, dir / "sysA/attention_decode.csv");
+  Database db = Database::load("sysA", dir.str());
+  Database plain = Database::load("sysA", dir.str());
+  plain.set_interpolation(Interpolation::log_linear);
+  for (int64_t b : {3, 5, 7})
+    for (int64_t c : {600, 1500, 3000}) {
+      const double want = 3 + 0.002 * double(b) * double(c);
+      Answer a = db.query("attention_decode", "cpu", "bf16", decode_at(b, c));
+      EXPECT_EQ(a.method, Method::interpolated);
+      EXPECT_NEAR(a.us / want, 1.0, 1e-9) << b << " " << c << " " << a.how;
+      EXPECT_GT(std::abs(plain.query("attention_decode", "cpu", "bf16", decode_at(b, c)).us / want - 1), 1e-4);
+    }
 }
 
 TEST(PerfdbQuery2D, MissingCornerIsNotAvailable) {

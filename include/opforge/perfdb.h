@@ -35,7 +35,10 @@
 //                   values. All pass through the stored points, reproduce a power law exactly and
 //                   stay between the neighbours' times on monotone data; the first two follow the
 //                   bend of a launch floor into a bandwidth slope. On two axes
-//                   both inside: bilinear in the logs (the four corners must all be stored). On
+//                   both inside (the four corners must all be stored): the one-axis rule along
+//                   the second axis on every stored line of the first that brackets the query,
+//                   then along the first (Note [two axes by lines] in src/perfdb/database.cpp);
+//                   with Interpolation::log_linear, bilinear in the logs of the corners. On
 //                   2 axes an axis whose query value is stored may instead be held there, the
 //                   other bracketed along that line.
 //   - extrapolated: beyond the largest (or below the smallest) stored value of an axis, by at most
