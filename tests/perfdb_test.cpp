@@ -568,6 +568,28 @@ TEST(PerfdbQuery2D, BothAxesInsideAreExactOnAFixedCostPlusAProduct) {
     }
 }
 
+TEST(PerfdbValidate, BothAxesLeftOutTogether) {
+  // batch 1, 2, 4, 8 x context 512 .. 4096: the rows inside both axes are batch 2, 4 x context 1024,
+  // 2048 (4 rows), each predicted with its batch and its context left out
+  TempDir dir;
+  OpTable t = decode_table("sysA");
+  write_table(t, dir / "sysA/attention_decode.csv");
+  Database power = Database::load("sysA", dir.str());
+  ValidationRow p = leave_one_out(power)[0];
+  EXPECT_EQ(p.both_axes.points, 4);
+  EXPECT_EQ(p.both_axes_plain.points, 4);
+  EXPECT_LT(p.both_axes.max_rel_err, 1e-9);  // a separable power law: exact both ways
+  EXPECT_LT(p.both_axes_plain.max_rel_err, 1e-9);
+  for (Row& r : t.rows) r.median_us = 3 + 0.002 * double(r.dims.at("batch")) * double(r.dims.at("context"));
+  TempDir dir2;
+  write_table(t, dir2 / "sysA/attention_decode.csv");
+  ValidationRow f = leave_one_out(Database::load("sysA", dir2.str()))[0];
+  EXPECT_EQ(f.both_axes.points, 4);
+  EXPECT_LT(f.both_axes.max_rel_err, 1e-9);  // a fixed cost plus batch x context: exact by lines only
+  EXPECT_GT(f.both_axes_plain.max_rel_err, 1e-3);
+  EXPECT_EQ(f.both_axes.worst.find("cpu bf16 batch="), 0u) << f.both_axes.worst;
+}
+
 TEST(PerfdbQuery2D, MissingCornerIsNotAvailable) {
   TempDir dir;
   OpTable t = decode_table("sysA");

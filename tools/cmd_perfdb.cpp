@@ -91,7 +91,8 @@ void run_validate(const PerfdbFlags& f) {
                            "op", "points", "median", "p90", "goal", "median", "p90", "n", "median", "p90", "n", "median",
                            "p90", "worst interior point");
   int pass = 0, fail = 0;
-  for (const perfdb::ValidationRow& v : perfdb::leave_one_out(db)) {
+  const std::vector<perfdb::ValidationRow> rows = perfdb::leave_one_out(db);
+  for (const perfdb::ValidationRow& v : rows) {
     std::string ends = fmt::format("{:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}", v.beyond.points, pct(v.beyond, false),
                                    pct(v.beyond, true), v.below.points, pct(v.below, false), pct(v.below, true));
     if (v.points == 0) {
@@ -106,6 +107,17 @@ void run_validate(const PerfdbFlags& f) {
                              pct(v.log_linear, false), pct(v.log_linear, true), ends, v.max_rel_err * 100, v.worst);
   }
   std::cout << fmt::format("\n{} op(s) PASS, {} FAIL\n", pass, fail);
+  bool header = false;
+  for (const perfdb::ValidationRow& v : rows) {
+    if (v.both_axes.points == 0) continue;
+    if (!header)
+      std::cout << "\nboth axes inside (2-axis tables: a row predicted with its whole first- and second-axis values "
+                   "left out),\nby the rule above / by the plain rule (bilinear in the logs of the four corners):\n";
+    header = true;
+    std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  /  {:>8} {:>8}  {:.1f}%: {}\n", v.op, v.both_axes.points,
+                             pct(v.both_axes, false), pct(v.both_axes, true), pct(v.both_axes_plain, false),
+                             pct(v.both_axes_plain, true), v.both_axes.max_rel_err * 100, v.both_axes.worst);
+  }
 }
 
 void run_show(const PerfdbFlags& f) {

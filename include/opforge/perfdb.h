@@ -207,6 +207,11 @@ struct ValidationRow {
   // The last (beyond) and first (below) row of each line (>= 2 rows), predicted from its neighbour
   // on the line holding the roofline fraction (the query's extrapolation rule), when at most 4x away.
   ValidationStats beyond, below;
+  // 2-axis tables: each row inside both axes predicted with its whole first-axis value and
+  // second-axis value left out, so that both axes are inside as for a query between grid values on
+  // both: by the database's interpolation (Note [two axes by lines]) and by the plain rule
+  // (bilinear in the logs of the four corners); rows whose corners are not all stored are skipped.
+  ValidationStats both_axes, both_axes_plain;
 };
 std::vector<ValidationRow> leave_one_out(const Database& db);
 

@@ -329,34 +329,23 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
   // those answers. The plain rule keeps the bilinear interpolation of the four corners.
   bool by_lines = false;
   if (n_inside == 2 && interp != Interpolation::log_linear) {
-    std::map<int64_t, std::vector<std::pair<double, const Row*>>> lines;  // axis-0 value -> (axis-1 value, row)
-    for (const auto& [key, r] : grid) lines[key[0]].push_back({double(key[1]), r});
-    const double x0 = double(q.at(axes[0])), x1 = double(q.at(axes[1]));
-    std::vector<double> outer_x, outer_t, outer_e;
+    // axis-0 value -> its line along axis 1 (grid is sorted by key: axis 0, then axis 1)
+    using Lines = std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>>;
+    Lines times, energies;
     bool lines_energy = true;
-    std::set<Interpolation> rules;
-    for (const auto& [v, line] : lines) {  // both sorted by value (map keys, then grid order)
-      if (line.size() < 2 || !(line.front().first < x1 && x1 < line.back().first)) continue;
-      std::vector<double> xs, ts, es;
-      bool line_energy = true;
-      for (const auto& [x, r] : line) {
-        xs.push_back(x);
-        ts.push_back(r->median_us);
-        line_energy = line_energy && r->energy_uj && *r->energy_uj > 0;
-        es.push_back(r->energy_uj.value_or(0));
-      }
-      Interpolation used = interp;
-      outer_x.push_back(double(v));
-      outer_t.push_back(detail::interp_line(xs, ts, x1, interp, &used));
-      rules.insert(used);
-      lines_energy = lines_energy && line_energy;
-      outer_e.push_back(line_energy ? detail::interp_line(xs, es, x1, interp) : 0);
+    for (const auto& [key, r] : grid) {
+      times[key[0]].first.push_back(double(key[1]));
+      times[key[0]].second.push_back(r->median_us);
+      energies[key[0]].first.push_back(double(key[1]));
+      energies[key[0]].second.push_back(r->energy_uj.value_or(0));
+      lines_energy = lines_energy && r->energy_uj && *r->energy_uj > 0;
     }
-    if (outer_x.size() >= 2 && outer_x.front() < x0 && x0 < outer_x.back()) {
-      Interpolation used = interp;
-      ans.us = detail::interp_line(outer_x, outer_t, x0, interp, &used);
-      rules.insert(used);
-      if (energy && lines_energy) ans.energy_uj = detail::interp_line(outer_x, outer_e, x0, interp);
+    const double x0 = double(q.at(axes[0])), x1 = double(q.at(axes[1]));
+    std::set<Interpolation> rules;
+    if (std::optional<double> us = detail::interp_by_lines(times, x0, x1, interp, &rules)) {
+      ans.us = *us;
+      // energy from the same lines when every stored row has it (else the corners' answer above)
+      if (energy && lines_energy) ans.energy_uj = detail::interp_by_lines(energies, x0, x1, interp);
       std::vector<std::string> names;
       for (Interpolation m : rules) names.push_back(interpolation_name(m));
       line_method = fmt::format(" ({}; along {} on each line of {}, then along {})", join(names, " / "), axes[1],

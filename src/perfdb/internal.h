@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -163,6 +165,30 @@ inline double interp_line(const std::vector<double>& xs, const std::vector<doubl
   size_t i = 0;
   while (i + 2 < xs.size() && x > xs[i + 1]) ++i;
   return log_interp(xs[i], ys[i], xs[i + 1], ys[i + 1], x);
+}
+
+// Both axes inside a 2-axis grid (Note [two axes by lines] in src/perfdb/database.cpp): `lines`
+// maps each stored value of the first axis to its line (second-axis values strictly increasing,
+// values > 0); the one-axis rule along the second axis at x1 on every line whose values bracket
+// x1, then along the first axis at x0 through those answers. nullopt when fewer than two lines
+// bracket x1 or their first-axis values do not bracket x0. `used` collects the rules that answered.
+inline std::optional<double> interp_by_lines(const std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>>& lines,
+                                             double x0, double x1, Interpolation method,
+                                             std::set<Interpolation>* used = nullptr) {
+  std::vector<double> outer_x, outer_y;
+  for (const auto& [v, line] : lines) {
+    const std::vector<double>& xs = line.first;
+    if (xs.size() < 2 || !(xs.front() < x1 && x1 < xs.back())) continue;
+    Interpolation rule = method;
+    outer_x.push_back(double(v));
+    outer_y.push_back(interp_line(xs, line.second, x1, method, &rule));
+    if (used) used->insert(rule);
+  }
+  if (outer_x.size() < 2 || !(outer_x.front() < x0 && x0 < outer_x.back())) return std::nullopt;
+  Interpolation rule = method;
+  const double y = interp_line(outer_x, outer_y, x0, method, &rule);
+  if (used) used->insert(rule);
+  return y;
 }
 
 // "a=1, b=2" in the table's column order.
