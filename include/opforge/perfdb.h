@@ -116,7 +116,7 @@ struct Answer {
   std::optional<double> energy_uj;
   Method method = Method::measured;
   std::string impl;  // the impl that answered (useful with "auto")
-  std::string how;   // e.g. "interpolated in tokens between 512 and 1024 (monotone cubic in log-log)"
+  std::string how;   // e.g. "interpolated in tokens between 512 and 1024 (fixed cost plus power law)"
 };
 
 // Write one table (header lines, column header, rows) to `path`; `append_rows` adds rows to an
