@@ -330,8 +330,7 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
   bool by_lines = false;
   if (n_inside == 2 && interp != Interpolation::log_linear) {
     // axis-0 value -> its line along axis 1 (grid is sorted by key: axis 0, then axis 1)
-    using Lines = std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>>;
-    Lines times, energies;
+    detail::AxisLines times, energies;
     bool lines_energy = true;
     for (const auto& [key, r] : grid) {
       times[key[0]].first.push_back(double(key[1]));

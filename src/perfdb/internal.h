@@ -172,8 +172,8 @@ inline double interp_line(const std::vector<double>& xs, const std::vector<doubl
 // values > 0); the one-axis rule along the second axis at x1 on every line whose values bracket
 // x1, then along the first axis at x0 through those answers. nullopt when fewer than two lines
 // bracket x1 or their first-axis values do not bracket x0. `used` collects the rules that answered.
-inline std::optional<double> interp_by_lines(const std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>>& lines,
-                                             double x0, double x1, Interpolation method,
+using AxisLines = std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>>;
+inline std::optional<double> interp_by_lines(const AxisLines& lines, double x0, double x1, Interpolation method,
                                              std::set<Interpolation>* used = nullptr) {
   std::vector<double> outer_x, outer_y;
   for (const auto& [v, line] : lines) {

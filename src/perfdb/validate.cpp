@@ -127,8 +127,7 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
       }
       for (const auto& [key, g] : groups) {
         for (const auto& [at, row] : g) {
-          using Lines = std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>>;
-          Lines lines;
+          detail::AxisLines lines;
           std::set<int64_t> v0, v1;
           for (const auto& [other, r] : g) {  // sorted by (axis 0, axis 1)
             if (other.first == at.first || other.second == at.second) continue;
@@ -156,7 +155,8 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
           const double w1 = detail::log_weight(double(lo1), double(*hi1), x1);
           double log_t = 0;
           for (int i = 0; i < 2; ++i)
-            for (int j = 0; j < 2; ++j) log_t += (i ? w0 : 1 - w0) * (j ? w1 : 1 - w1) * std::log(corner[i][j]->median_us);
+            for (int j = 0; j < 2; ++j)
+              log_t += (i ? w0 : 1 - w0) * (j ? w1 : 1 - w1) * std::log(corner[i][j]->median_us);
           both.add(*by_lines, *row, t, a0 + " and " + a1);
           both_plain.add(std::exp(log_t), *row, t, a0 + " and " + a1);
         }
