@@ -161,6 +161,56 @@ TEST(Collect, GridsAreSortedCappedAndHoldTheModelShapes) {
   EXPECT_TRUE(has_point(full_tokens, {{"tokens", 24576}, {"hidden", 8192}}));
 }
 
+TEST(Collect, RangesKeepThePointsInsideAndNameTheirDim) {
+  // The full grid over part of the token range: every point of the full grid inside it, nothing
+  // outside, and the quick grid's points there among them (a denser collection resumes on them).
+  perfdb::GridCap cap;
+  cap.only_ranges["tokens"] = {1, 4096};
+  const auto full = perfdb::grid_points("rms_norm", "full", DeviceKind::cuda);
+  const auto part = perfdb::grid_points("rms_norm", "full", DeviceKind::cuda, cap);
+  const auto quick = perfdb::grid_points("rms_norm", "quick", DeviceKind::cuda, cap);
+  size_t inside = 0;
+  for (const Dims& d : full) inside += d.at("tokens") <= 4096;
+  EXPECT_EQ(part.size(), inside);
+  EXPECT_LT(part.size(), full.size());
+  for (const Dims& d : part) EXPECT_LE(d.at("tokens"), 4096);
+  EXPECT_TRUE(has_point(part, {{"tokens", 3072}, {"hidden", 4096}}));
+  for (const Dims& d : quick) EXPECT_TRUE(has_point(part, d)) << d.at("tokens") << " " << d.at("hidden");
+  // A dim the op does not have leaves its points alone; two dims both apply.
+  perfdb::GridCap other;
+  other.only_ranges["context"] = {1, 1};
+  EXPECT_EQ(perfdb::grid_points("rms_norm", "quick", DeviceKind::cuda, other).size(),
+            perfdb::grid_points("rms_norm", "quick", DeviceKind::cuda).size());
+  perfdb::GridCap two;
+  two.only_ranges["batch"] = {4, 16};
+  two.only_ranges["context"] = {512, 2048};
+  for (const Dims& d : perfdb::grid_points("attention_decode", "full", DeviceKind::cuda, two)) {
+    EXPECT_TRUE(d.at("batch") >= 4 && d.at("batch") <= 16);
+    EXPECT_TRUE(d.at("context") >= 512 && d.at("context") <= 2048);
+  }
+  // In a collection, a range of a dim no collected op has, or an empty range, is an error.
+  perfdb::CollectOptions o;
+  o.system = "test-system";
+  o.root = (std::filesystem::temp_directory_path() / "opforge_collect_ranges").string();
+  o.ops = {"rms_norm"};
+  o.dry_run = true;
+  o.progress = false;
+  o.copy_gbps = 10;
+  o.gemm_gflops = 50;
+  o.notice = [](const std::string&) {};
+  o.ranges["context"] = {1, 8};
+  try {
+    perfdb::collect(global_registry(), o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'context'"), std::string::npos) << e.what();
+  }
+  o.ranges.clear();
+  o.ranges["tokens"] = {9, 3};
+  EXPECT_THROW(perfdb::collect(global_registry(), o), Error);
+  std::filesystem::remove_all(o.root);
+}
+
 std::string temp_root() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "opforge_collect_XXXXXX").string();
   char* dir = mkdtemp(tmpl.data());

@@ -1,7 +1,8 @@
-// The performance database's interpolation along one axis (Note [monotone cubic in log-log] in
-// src/perfdb/internal.h): exact at stored points, exact on power laws, monotone on monotone data,
-// no overshoot at a step, closer than the two-point log-log line on a launch-floor curve, the
-// `how` text, the plain rule on request, and leave-one-out's comparison and end-point groups.
+// The performance database's interpolation along one axis (Notes [fixed cost plus power law] and
+// [monotone cubic in log-log] in src/perfdb/internal.h): exact at stored points, exact on power
+// laws, exact on a fixed cost plus a power law, monotone on monotone data, no overshoot at a step,
+// closer than the two-point log-log line on a launch-floor curve, the fallback to the cubic, the
+// `how` text, the other rules on request, and leave-one-out's comparison and end-point groups.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -164,6 +165,14 @@ TEST(PerfdbInterp, HowSaysWhatWasDone) {
   Database db = load(dir, curve_table([](double x) { return 1 + x; }));
   Dims q = {{"tokens", 100}, {"hidden", 4096}};
   EXPECT_EQ(db.query("rms_norm", "cpu", "bf16", q).how,
+            "interpolated in tokens between 64 and 128 (fixed cost plus power law)");
+  db.set_interpolation(Interpolation::monotone_cubic);
+  EXPECT_EQ(db.query("rms_norm", "cpu", "bf16", q).how,
+            "interpolated in tokens between 64 and 128 (monotone cubic in log-log)");
+  // data that no fixed cost plus power law passes through (falling): the cubic answers and says so
+  Folder down_dir;
+  Database down = load(down_dir, curve_table([](double x) { return 100.0 / (1 + std::log(x)); }));
+  EXPECT_EQ(down.query("rms_norm", "cpu", "bf16", q).how,
             "interpolated in tokens between 64 and 128 (monotone cubic in log-log)");
   db.set_interpolation(Interpolation::log_linear);
   EXPECT_EQ(db.interpolation(), Interpolation::log_linear);
@@ -178,6 +187,55 @@ TEST(PerfdbInterp, HowSaysWhatWasDone) {
   EXPECT_EQ(two.query("rms_norm", "cpu", "bf16", q).how, "interpolated in tokens between 64 and 128 (linear in log-log)");
   EXPECT_NEAR(two.query("rms_norm", "cpu", "bf16", q).us, a.us, 1e-9);
   EXPECT_STREQ(interpolation_name(Interpolation::monotone_cubic), "monotone cubic in log-log");
+  EXPECT_STREQ(interpolation_name(Interpolation::floor_power), "fixed cost plus power law");
+}
+
+TEST(PerfdbInterp, FixedCostPlusPowerLawIsExact) {
+  // a launch floor plus a size term of any power, at 4x and 2x spacing: every interior query exact,
+  // where the log-log rules are not (the cubic within a few percent, the chord worse)
+  for (double p : {0.5, 1.0, 1.6, 2.0}) {
+    auto f = [p](double x) { return 3.0 + 0.01 * std::pow(x, p); };
+    Folder dir;
+    Database db = load(dir, curve_table(f));
+    Database cubic = Database::load("sysI", dir.str());
+    cubic.set_interpolation(Interpolation::monotone_cubic);
+    double worst_cubic = 0;
+    for (int64_t tok : {2, 3, 10, 40, 100, 200, 300, 700, 1500, 3000}) {
+      Answer a = db.query("rms_norm", "cpu", "bf16", {{"tokens", tok}, {"hidden", 4096}});
+      EXPECT_EQ(a.how.substr(a.how.size() - 27), "(fixed cost plus power law)") << a.how;
+      EXPECT_NEAR(a.us / f(double(tok)), 1.0, 1e-9) << "p=" << p << " tokens=" << tok;
+      worst_cubic = std::max(worst_cubic, std::abs(at(cubic, tok) / f(double(tok)) - 1));
+    }
+    EXPECT_GT(worst_cubic, 1e-4) << p;  // the family is not the cubic's
+  }
+  // the fit itself: the three parameters back, none where no fixed cost >= 0 explains the points
+  auto fit = detail::fit_floor_power(4, 3.0 + 0.01 * 8, 16, 3.0 + 0.01 * 64, 64, 3.0 + 0.01 * 512);
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_NEAR(fit->a, 3.0, 1e-9);
+  EXPECT_NEAR(fit->p, 1.5, 1e-9);
+  EXPECT_NEAR(fit->at(32), 3.0 + 0.01 * std::pow(32.0, 1.5), 1e-9);
+  EXPECT_FALSE(detail::fit_floor_power(1, 5, 2, 5, 4, 6).has_value());       // flat, then rising
+  EXPECT_FALSE(detail::fit_floor_power(1, 6, 2, 5, 4, 4).has_value());       // falling
+  EXPECT_FALSE(detail::fit_floor_power(1, 1, 2, 9, 4, 10).has_value());      // a step: a < 0 needed
+  EXPECT_FALSE(detail::fit_floor_power(1, 1, 2, 1.001, 4, 1e9).has_value());  // beyond any power <= 8
+}
+
+TEST(PerfdbInterp, FixedCostPlusPowerLawStaysBetweenTheNeighbours) {
+  // rising data with kinks, noise and steps: every answer between its two neighbours' times
+  const std::vector<double> ys = {2.0, 2.1, 2.05, 3.0, 9.0, 9.5, 30.0, 31.0, 80.0, 200.0};
+  std::vector<double> xs;
+  for (int64_t tok : kQuick) xs.push_back(double(tok));
+  for (size_t i = 0; i + 1 < xs.size(); ++i)
+    for (int k = 1; k < 16; ++k) {
+      const double x = xs[i] * std::pow(xs[i + 1] / xs[i], k / 16.0);
+      const double y = detail::interp_line(xs, ys, x, Interpolation::floor_power);
+      EXPECT_GE(y, std::min(ys[i], ys[i + 1]) * (1 - 1e-12)) << x;
+      EXPECT_LE(y, std::max(ys[i], ys[i + 1]) * (1 + 1e-12)) << x;
+    }
+  // a line of two points is the straight line in log-log, whatever is asked
+  Interpolation used = Interpolation::floor_power;
+  EXPECT_NEAR(detail::interp_line({1, 4}, {2, 8}, 2, Interpolation::floor_power, &used), 4.0, 1e-12);
+  EXPECT_EQ(used, Interpolation::log_linear);
 }
 
 TEST(PerfdbInterp, LeaveOneOutComparesAndReportsEndsApart) {

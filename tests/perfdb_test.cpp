@@ -523,15 +523,21 @@ TEST(PerfdbQuery2D, BilinearInLogsIsExactOnSeparablePowerLaws) {
   });
   Answer a = db.query("attention_decode", "auto", "bf16", decode_at(3, 1500));
   EXPECT_EQ(a.method, Method::interpolated);
-  EXPECT_EQ(a.how, "bilinear in batch between 2 and 4 and context between 1024 and 2048");
+  EXPECT_EQ(a.how, "interpolated in batch between 2 and 4 and context between 1024 and 2048 (fixed cost plus power "
+                   "law; along context on each line of batch, then along batch)");
   EXPECT_NEAR(a.us / (2 * std::pow(3.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
+  db.set_interpolation(Interpolation::log_linear);  // the plain rule: the four corners, bilinear in the logs
+  Answer corners = db.query("attention_decode", "auto", "bf16", decode_at(3, 1500));
+  EXPECT_EQ(corners.how, "bilinear in batch between 2 and 4 and context between 1024 and 2048");
+  EXPECT_NEAR(corners.us / a.us, 1.0, 1e-12);
+  db.set_interpolation(Interpolation::floor_power);
   Answer one = db.query("attention_decode", "cpu", "bf16", decode_at(4, 1500));
-  EXPECT_EQ(one.how, "interpolated in context between 1024 and 2048 (monotone cubic in log-log)");
+  EXPECT_EQ(one.how, "interpolated in context between 1024 and 2048 (fixed cost plus power law)");
   EXPECT_NEAR(one.us / (2 * std::pow(4.0, 0.9) * std::pow(1500.0, 0.6)), 1.0, 1e-12);
   // interpolated in one axis, extrapolated in the other
   Answer mix = db.query("attention_decode", "cpu", "bf16", decode_at(16, 1500));
   EXPECT_EQ(mix.method, Method::extrapolated);
-  EXPECT_NE(mix.how.find("interpolated in context between 1024 and 2048 (monotone cubic in log-log), extrapolated in "
+  EXPECT_NE(mix.how.find("interpolated in context between 1024 and 2048 (fixed cost plus power law), extrapolated in "
                          "batch from 8 (2.0x beyond)"),
             std::string::npos) << mix.how;
   EXPECT_NEAR(mix.us / (2 * std::pow(8.0, 0.9) * std::pow(1500.0, 0.6) * 2.0), 1.0, 1e-12);
@@ -539,6 +545,49 @@ TEST(PerfdbQuery2D, BilinearInLogsIsExactOnSeparablePowerLaws) {
   Dims other = decode_at(2, 1024);
   other["head_dim"] = 64;
   EXPECT_NE(unavailable([&] { db.query("attention_decode", "cpu", "bf16", other); }).find("head_dim=64"), std::string::npos);
+}
+
+TEST(PerfdbQuery2D, BothAxesInsideAreExactOnAFixedCostPlusAProduct) {
+  // decode-like: a launch cost plus batch x context of reads, t = 3 + 0.002 * b * c; the one-axis
+  // rule along context on each batch line, then along batch, is exact; the corners' bilinear
+  // interpolation of the logs is not (Note [two axes by lines])
+  TempDir dir;
+  OpTable t = decode_table("sysA");
+  for (Row& r : t.rows) r.median_us = 3 + 0.002 * double(r.dims.at("batch")) * double(r.dims.at("context"));
+  write_table(t, dir / "sysA/attention_decode.csv");
+  Database db = Database::load("sysA", dir.str());
+  Database plain = Database::load("sysA", dir.str());
+  plain.set_interpolation(Interpolation::log_linear);
+  for (int64_t b : {3, 5, 7})
+    for (int64_t c : {600, 1500, 3000}) {
+      const double want = 3 + 0.002 * double(b) * double(c);
+      Answer a = db.query("attention_decode", "cpu", "bf16", decode_at(b, c));
+      EXPECT_EQ(a.method, Method::interpolated);
+      EXPECT_NEAR(a.us / want, 1.0, 1e-9) << b << " " << c << " " << a.how;
+      EXPECT_GT(std::abs(plain.query("attention_decode", "cpu", "bf16", decode_at(b, c)).us / want - 1), 1e-4);
+    }
+}
+
+TEST(PerfdbValidate, BothAxesLeftOutTogether) {
+  // batch 1, 2, 4, 8 x context 512 .. 4096: the rows inside both axes are batch 2, 4 x context 1024,
+  // 2048 (4 rows), each predicted with its batch and its context left out
+  TempDir dir;
+  OpTable t = decode_table("sysA");
+  write_table(t, dir / "sysA/attention_decode.csv");
+  Database power = Database::load("sysA", dir.str());
+  ValidationRow p = leave_one_out(power)[0];
+  EXPECT_EQ(p.both_axes.points, 4);
+  EXPECT_EQ(p.both_axes_plain.points, 4);
+  EXPECT_LT(p.both_axes.max_rel_err, 1e-9);  // a separable power law: exact both ways
+  EXPECT_LT(p.both_axes_plain.max_rel_err, 1e-9);
+  for (Row& r : t.rows) r.median_us = 3 + 0.002 * double(r.dims.at("batch")) * double(r.dims.at("context"));
+  TempDir dir2;
+  write_table(t, dir2 / "sysA/attention_decode.csv");
+  ValidationRow f = leave_one_out(Database::load("sysA", dir2.str()))[0];
+  EXPECT_EQ(f.both_axes.points, 4);
+  EXPECT_LT(f.both_axes.max_rel_err, 1e-9);  // a fixed cost plus batch x context: exact by lines only
+  EXPECT_GT(f.both_axes_plain.max_rel_err, 1e-3);
+  EXPECT_EQ(f.both_axes.worst.find("cpu bf16 batch="), 0u) << f.both_axes.worst;
 }
 
 TEST(PerfdbQuery2D, MissingCornerIsNotAvailable) {

@@ -32,13 +32,25 @@ void add_collect_comm(CLI::App& app, int& status);  // tools/cmd_comm.cpp
 void add_estimate(CLI::App& app, int& status);
 void add_run_layer(CLI::App& app, int& status);
 
+// --interp's names: floor (fixed cost plus power law, else the monotone cubic; the default),
+// cubic (monotone cubic in log-log), linear (log time linear in log axis between the neighbours).
+inline perfdb::Interpolation interpolation_named(const std::string& name) {
+  return name == "linear"  ? perfdb::Interpolation::log_linear
+         : name == "cubic" ? perfdb::Interpolation::monotone_cubic
+                           : perfdb::Interpolation::floor_power;
+}
+inline const char* kInterpHelp =
+    "interpolation along one axis: floor (time = fixed cost + b * axis^p through the neighbours and the "
+    "next point on either side, else the monotone cubic; the default), cubic (monotone cubic in log-log) "
+    "or linear (log time linear in log axis between the two neighbours)";
+
 // Model and workload flags of estimate, support --model and run-layer (tools/cmd_estimate.cpp).
 struct ModelFlags {
   std::string model, system, root;
   int64_t tp = 1, batch = 1, input_len = 1024, output_len = 128;
   std::string dtype = "bf16";
   std::string impl = "auto";
-  std::string interp = "cubic";  // the database's interpolation along one axis: cubic or linear
+  std::string interp = "floor";  // the database's interpolation along one axis: floor, cubic or linear
   model::EstimateOptions options() const;
   perfdb::Database load_db() const;  // Database::load(system, root) with `interp` set
 };

@@ -18,7 +18,7 @@ void add_collect(CLI::App& app, int& status) {
                  "(resumes an interrupted run)");
   struct Flags {
     std::string system, grid = "quick", device = "cpu", dtype = "bf16", root;
-    std::vector<std::string> impls, ops, models;
+    std::vector<std::string> impls, ops, models, ranges;
     std::vector<int64_t> tp;
     int samples = 5;
     bool dry_run = false;
@@ -33,6 +33,8 @@ void add_collect(CLI::App& app, int& status) {
   cmd->add_option("--impl", f->impls, "only these kernels (default: every non-reference kernel of the device); repeatable");
   cmd->add_option("--model", f->models, "only the shapes of these grid models (e.g. Llama-3.1-8B); repeatable");
   cmd->add_option("--tp", f->tp, "only these tensor-parallel degrees; repeatable");
+  cmd->add_option("--range", f->ranges,
+                  "only points with dim NAME in [LO, HI], as NAME=LO:HI (e.g. tokens=1:4096); repeatable");
   cmd->add_option("--samples", f->samples, "minimum timed samples per point")->check(CLI::Range(1, 1000));
   cmd->add_flag("--dry-run", f->dry_run, "measure the ceilings and list what would be measured; write nothing");
   cmd->callback([f, &status] {
@@ -48,6 +50,26 @@ void add_collect(CLI::App& app, int& status) {
     o.impls = f->impls;
     o.models = f->models;
     o.tp = f->tp;
+    for (const std::string& r : f->ranges) {
+      const size_t eq = r.find('='), colon = r.find(':', eq == std::string::npos ? 0 : eq);
+      int64_t lo = 0, hi = 0;
+      size_t used_lo = 0, used_hi = 0;
+      bool ok = eq != std::string::npos && eq > 0 && colon != std::string::npos;
+      try {
+        if (ok) {
+          const std::string a = r.substr(eq + 1, colon - eq - 1), b = r.substr(colon + 1);
+          lo = std::stoll(a, &used_lo);
+          hi = std::stoll(b, &used_hi);
+          ok = used_lo == a.size() && used_hi == b.size();
+        }
+      } catch (const std::exception&) {
+        ok = false;
+      }
+      if (!ok) throw Error(ErrorCode::invalid_argument, "--range '" + r + "': expected NAME=LO:HI, e.g. tokens=1:4096");
+      if (o.ranges.count(r.substr(0, eq)))
+        throw Error(ErrorCode::invalid_argument, "--range: '" + r.substr(0, eq) + "' given twice");
+      o.ranges[r.substr(0, eq)] = {lo, hi};
+    }
     o.ops = f->ops;
     o.dry_run = f->dry_run;
     o.progress = isatty(2);

@@ -1,6 +1,6 @@
 // opforge estimate --model NAME|config.json --system S [--tp N] [--batch B] [--input-len L]
 //                  [--output-len O] [--dtype bf16] [--impl auto] [--json F] [--root DIR]
-//                  [--interp cubic|linear]
+//                  [--interp floor|cubic|linear]
 // opforge support --model M --system S [same workload flags]: which calls of the model the
 // database answers (the model half of `opforge support`, see cmd_list.cpp).
 #include <iostream>
@@ -23,15 +23,12 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f) {
   cmd.add_option("--dtype", f.dtype, "bf16, f16 or f32");
   cmd.add_option("--impl", f.impl, "kernel the database answers for (auto: the fastest stored)");
   cmd.add_option("--root", f.root, "perf data folder (default: $OPFORGE_PERF_DATA, else this checkout's data/perf)");
-  cmd.add_option("--interp", f.interp,
-                 "the database's interpolation along one axis: cubic (monotone cubic in log-log, the default) or "
-                 "linear (log time linear in log axis between the two neighbours)")
-      ->check(CLI::IsMember({"cubic", "linear"}));
+  cmd.add_option("--interp", f.interp, kInterpHelp)->check(CLI::IsMember({"floor", "cubic", "linear"}));
 }
 
 perfdb::Database ModelFlags::load_db() const {
   perfdb::Database db = perfdb::Database::load(system, root);
-  db.set_interpolation(interp == "linear" ? perfdb::Interpolation::log_linear : perfdb::Interpolation::monotone_cubic);
+  db.set_interpolation(interpolation_named(interp));
   return db;
 }
 

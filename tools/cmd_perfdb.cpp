@@ -1,5 +1,5 @@
 // opforge perfdb validate|show|query: the performance database (data/perf/<system>/<op>.csv).
-//   validate --system S [--root DIR] [--interp cubic|linear]
+//   validate --system S [--root DIR] [--interp floor|cubic|linear]
 //                                      leave-one-out per op: interior points, median and p90
 //                                      relative error, PASS when median <= 3% and p90 <= 8% (the
 //                                      exit status is 0 either way; a malformed file is an error,
@@ -7,7 +7,7 @@
 //                                      same points, and the grid ends (beyond, below) by
 //                                      extrapolation, apart from the goal
 //   show --system S [--op OP]          each table's header, dims, impls, dtypes and row count
-//   query --system S --op OP [--impl auto] [--dtype bf16] [--interp cubic|linear] --dim NAME=VALUE ...
+//   query --system S --op OP [--impl auto] [--dtype bf16] [--interp floor|cubic|linear] --dim NAME=VALUE ...
 //                                      the answer and how it was obtained
 #include <fmt/format.h>
 
@@ -28,7 +28,7 @@ constexpr double kGoalMedian = 0.03;
 constexpr double kGoalP90 = 0.08;
 
 struct PerfdbFlags {
-  std::string system, root, op, impl = "auto", dtype = "bf16", interp = "cubic";
+  std::string system, root, op, impl = "auto", dtype = "bf16", interp = "floor";
   std::vector<std::string> dims;
 };
 
@@ -41,16 +41,12 @@ void add_system_flags(CLI::App& cmd, PerfdbFlags& f) {
 }
 
 void add_interp_flag(CLI::App& cmd, PerfdbFlags& f) {
-  cmd.add_option("--interp", f.interp,
-                 "interpolation along one axis: cubic (monotone cubic in log-log, the default) or linear "
-                 "(log time linear in log axis between the two neighbours)")
-      ->check(CLI::IsMember({"cubic", "linear"}));
+  cmd.add_option("--interp", f.interp, kInterpHelp)->check(CLI::IsMember({"floor", "cubic", "linear"}));
 }
 
 perfdb::Database load_db(const PerfdbFlags& f) {
   perfdb::Database db = perfdb::Database::load(f.system, f.root);
-  db.set_interpolation(f.interp == "linear" ? perfdb::Interpolation::log_linear
-                                            : perfdb::Interpolation::monotone_cubic);
+  db.set_interpolation(interpolation_named(f.interp));
   return db;
 }
 
@@ -95,7 +91,8 @@ void run_validate(const PerfdbFlags& f) {
                            "op", "points", "median", "p90", "goal", "median", "p90", "n", "median", "p90", "n", "median",
                            "p90", "worst interior point");
   int pass = 0, fail = 0;
-  for (const perfdb::ValidationRow& v : perfdb::leave_one_out(db)) {
+  const std::vector<perfdb::ValidationRow> rows = perfdb::leave_one_out(db);
+  for (const perfdb::ValidationRow& v : rows) {
     std::string ends = fmt::format("{:>4} {:>8} {:>8}  {:>4} {:>8} {:>8}", v.beyond.points, pct(v.beyond, false),
                                    pct(v.beyond, true), v.below.points, pct(v.below, false), pct(v.below, true));
     if (v.points == 0) {
@@ -110,6 +107,17 @@ void run_validate(const PerfdbFlags& f) {
                              pct(v.log_linear, false), pct(v.log_linear, true), ends, v.max_rel_err * 100, v.worst);
   }
   std::cout << fmt::format("\n{} op(s) PASS, {} FAIL\n", pass, fail);
+  bool header = false;
+  for (const perfdb::ValidationRow& v : rows) {
+    if (v.both_axes.points == 0) continue;
+    if (!header)
+      std::cout << "\nboth axes inside (2-axis tables: a row predicted with its whole first- and second-axis values "
+                   "left out),\nby the rule above / by the plain rule (bilinear in the logs of the four corners):\n";
+    header = true;
+    std::cout << fmt::format("{:<26} {:>6} {:>8} {:>8}  /  {:>8} {:>8}  {:.1f}%: {}\n", v.op, v.both_axes.points,
+                             pct(v.both_axes, false), pct(v.both_axes, true), pct(v.both_axes_plain, false),
+                             pct(v.both_axes_plain, true), v.both_axes.max_rel_err * 100, v.both_axes.worst);
+  }
 }
 
 void run_show(const PerfdbFlags& f) {

@@ -37,6 +37,9 @@ struct GridCap {
   // these TP degrees only.
   std::vector<std::string> only_models;
   std::vector<int64_t> only_tp;
+  // Points whose dim NAME lies outside [lo, hi] are dropped (a denser grid over part of a range,
+  // e.g. tokens 1 .. 4096); points of ops without that dim are kept.
+  std::map<std::string, std::pair<int64_t, int64_t>> only_ranges;
 };
 // The caps `opforge collect` uses on a device: CPU 2 s of roofline time (10 s at tokens 128 and
 // 512) and 1.5 GiB of tensors;
@@ -55,6 +58,9 @@ struct CollectOptions {
   std::string grid = "quick";        // quick | full
   std::vector<std::string> models;   // only these models' shapes (GridCap::only_models)
   std::vector<int64_t> tp;           // only these TP degrees (GridCap::only_tp)
+  // only points with each named dim in [lo, hi] (GridCap::only_ranges); a name that is no dim of
+  // any op collected is an Error.
+  std::map<std::string, std::pair<int64_t, int64_t>> ranges;
   DeviceKind device = DeviceKind::cpu;
   int device_index = 0;
   std::string dtype = "bf16";

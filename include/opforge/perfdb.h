@@ -25,14 +25,20 @@
 //   - Every dim that is not an axis must match a stored row exactly.
 //   - measured:     the point is stored.
 //   - interpolated: inside the grid along the axes. Along one axis (a 1-axis table, or a 2-axis
-//                   table with the other axis on a stored value): by default a monotone cubic in
-//                   log(time) over log(axis) through every stored point of that line (PCHIP,
-//                   Note [monotone cubic in log-log] in src/perfdb/internal.h); with
-//                   Interpolation::log_linear, or when the line holds only the two neighbours,
-//                   log(time) linear in log(axis) between the two neighbouring stored values.
-//                   Both pass through the stored points and reproduce a power law exactly; the
-//                   cubic follows the bend of a launch floor into a bandwidth slope. On two axes
-//                   both inside: bilinear in the logs (the four corners must all be stored). On
+//                   table with the other axis on a stored value): by default time = a + b * axis^p
+//                   (a fixed cost plus a power law, a >= 0) through the two neighbours and the
+//                   next stored point on either side (Note [fixed cost plus power law] in
+//                   src/perfdb/internal.h), else a monotone cubic in log(time) over log(axis)
+//                   through every stored point of that line (PCHIP, Note [monotone cubic in
+//                   log-log]); with Interpolation::log_linear, or when the line holds only the two
+//                   neighbours, log(time) linear in log(axis) between the two neighbouring stored
+//                   values. All pass through the stored points, reproduce a power law exactly and
+//                   stay between the neighbours' times on monotone data; the first two follow the
+//                   bend of a launch floor into a bandwidth slope. On two axes
+//                   both inside (the four corners must all be stored): the one-axis rule along
+//                   the second axis on every stored line of the first that brackets the query,
+//                   then along the first (Note [two axes by lines] in src/perfdb/database.cpp);
+//                   with Interpolation::log_linear, bilinear in the logs of the corners. On
 //                   2 axes an axis whose query value is stored may instead be held there, the
 //                   other bracketed along that line.
 //   - extrapolated: beyond the largest (or below the smallest) stored value of an axis, by at most
@@ -97,17 +103,20 @@ struct OpTable {
 enum class Method { measured, interpolated, extrapolated, modelled };
 const char* method_name(Method m);
 
-// How a query interpolates along one axis (see the query rule above): monotone cubic in log-log
-// (the default), or log time linear in log axis between the two neighbours (the plain rule).
-enum class Interpolation { monotone_cubic, log_linear };
-const char* interpolation_name(Interpolation m);  // "monotone cubic in log-log", "linear in log-log"
+// How a query interpolates along one axis (see the query rule above): a fixed cost plus a power
+// law through the neighbours and the next point on either side, where one fits, else the monotone
+// cubic in log-log (the default); the monotone cubic in log-log alone; or log time linear in log
+// axis between the two neighbours (the plain rule).
+enum class Interpolation { floor_power, monotone_cubic, log_linear };
+// "fixed cost plus power law", "monotone cubic in log-log", "linear in log-log"
+const char* interpolation_name(Interpolation m);
 
 struct Answer {
   double us = 0;
   std::optional<double> energy_uj;
   Method method = Method::measured;
   std::string impl;  // the impl that answered (useful with "auto")
-  std::string how;   // e.g. "interpolated in tokens between 512 and 1024 (monotone cubic in log-log)"
+  std::string how;   // e.g. "interpolated in tokens between 512 and 1024 (fixed cost plus power law)"
 };
 
 // Write one table (header lines, column header, rows) to `path`; `append_rows` adds rows to an
@@ -148,7 +157,7 @@ class Database {
 
   // Replace the cost model used for extrapolation (an empty function restores perfdb::cost_at).
   void set_cost_model(CostFn fn) { cost_ = std::move(fn); }
-  // How queries interpolate along one axis (default Interpolation::monotone_cubic).
+  // How queries interpolate along one axis (default Interpolation::floor_power).
   void set_interpolation(Interpolation m) { interp_ = m; }
   Interpolation interpolation() const { return interp_; }
 
@@ -157,7 +166,7 @@ class Database {
   std::string folder_;
   std::map<std::string, OpTable> tables_;
   CostFn cost_;
-  Interpolation interp_ = Interpolation::monotone_cubic;
+  Interpolation interp_ = Interpolation::floor_power;
 };
 
 // ---- model-shaped grids (src/perfdb/grid.cpp) ----------------------------------------------
@@ -198,6 +207,11 @@ struct ValidationRow {
   // The last (beyond) and first (below) row of each line (>= 2 rows), predicted from its neighbour
   // on the line holding the roofline fraction (the query's extrapolation rule), when at most 4x away.
   ValidationStats beyond, below;
+  // 2-axis tables: each row inside both axes predicted with its whole first-axis value and
+  // second-axis value left out, so that both axes are inside as for a query between grid values on
+  // both: by the database's interpolation (Note [two axes by lines]) and by the plain rule
+  // (bilinear in the logs of the four corners); rows whose corners are not all stored are skipped.
+  ValidationStats both_axes, both_axes_plain;
 };
 std::vector<ValidationRow> leave_one_out(const Database& db);
 

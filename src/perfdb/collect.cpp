@@ -160,6 +160,18 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   }
   for (const auto& [op, pts] : opt.points)
     for (const Dims& d : pts) case_at(op, d);  // Error naming a missing or extra dim
+  for (const auto& [name, range] : opt.ranges) {
+    std::set<std::string> dims;
+    for (const std::string& op : ops)
+      for (const std::string& d : op_grid(op).dims) dims.insert(d);
+    if (!dims.count(name))
+      throw Error(ErrorCode::invalid_argument,
+                  "collect: range of '" + name + "', which is no dim of the ops collected (their dims: " +
+                      detail::join_names(std::vector<std::string>(dims.begin(), dims.end())) + ")");
+    if (range.first < 1 || range.first > range.second)
+      throw Error(ErrorCode::invalid_argument, "collect: range of '" + name + "' is " + std::to_string(range.first) +
+                                                   ":" + std::to_string(range.second) + ", expected 1 <= lo <= hi");
+  }
 
   if (opt.device != DeviceKind::cpu && !opt.dry_run && !device_memory_ops(opt.device))
     throw Error(ErrorCode::not_available, std::string("collect: this build has no ") +
@@ -204,9 +216,11 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   GridCap cap = default_cap(opt.device, sum.ceiling_gbps, sum.ceiling_gflops);
   cap.only_models = opt.models;
   cap.only_tp = opt.tp;
+  cap.only_ranges = opt.ranges;
   GridCap uncapped;
   uncapped.only_models = opt.models;
   uncapped.only_tp = opt.tp;
+  uncapped.only_ranges = opt.ranges;
   for (const std::string& op : ops) {
     const OpGrid& g = op_grid(op);
     std::vector<std::string> impls = kernels_for(reg.op(op), opt);

@@ -268,6 +268,11 @@ std::vector<Dims> grid_points(const std::string& op, const std::string& grid, De
   pts.erase(std::unique(pts.begin(), pts.end()), pts.end());
   std::vector<Dims> kept;
   for (const Dims& d : pts) {
+    bool in_range = true;
+    for (const auto& [name, range] : cap.only_ranges)
+      if (auto it = d.find(name); it != d.end())
+        in_range = in_range && it->second >= range.first && it->second <= range.second;
+    if (!in_range) continue;
     if (cap.max_bytes > 0 && footprint_bytes(op, dtype, d) > cap.max_bytes) continue;
     if (cap.max_seconds > 0) {
       const Cost c = cost_at(op, dtype, d);

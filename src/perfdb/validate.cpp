@@ -3,8 +3,9 @@
 // Note [leave-one-out]: for every op, impl and dtype, and along each axis separately, the rows
 // that share every other dim form a line sorted by that axis.
 //   - Interior rows (a stored neighbour on both sides of the line) are predicted from the rest of
-//     the line by the database's interpolation (Database::interpolation(), Note [monotone cubic in
-//     log-log] in src/perfdb/internal.h), exactly as a query would answer with that row removed
+//     the line by the database's interpolation (Database::interpolation(), Notes [fixed cost plus
+//     power law] and [monotone cubic in log-log] in src/perfdb/internal.h), exactly as a query
+//     would answer with that row removed
 //     and the other axis on its stored value; |predicted - measured| / measured is recorded. The
 //     same rows are also predicted by the plain rule (log time linear in log axis between the two
 //     neighbours), so that one run shows both. These are the numbers the goal (median <= 3%,
@@ -19,8 +20,16 @@
 // On a 2-axis table a row counts once per axis along which it is interior (or an end). Per op and
 // group: the number of predictions, their median, their 90th percentile (linear between order
 // statistics) and the worst one.
+//   - On a 2-axis table, leaving one row out never puts a query inside both axes (its values stay
+//     stored on its other rows). So each row inside both axes is also predicted with every row
+//     sharing its first-axis value or its second-axis value left out, both axes then inside, by
+//     the query's rule for that case (Note [two axes by lines] in src/perfdb/database.cpp) and by
+//     the plain rule (bilinear in the logs of the four nearest corners), where those corners are
+//     stored (else a query would refuse). Reported apart, as "both axes".
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <set>
 
 #include "opforge/perfdb.h"
 #include "perfdb/internal.h"
@@ -104,6 +113,55 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
         }
       }
     }
+    Errors both, both_plain;
+    if (t.header.axes.size() == 2) {
+      const std::string& a0 = t.header.axes[0];
+      const std::string& a1 = t.header.axes[1];
+      // Groups: (impl, dtype, every non-axis dim) -> (axis-0 value, axis-1 value) -> row.
+      std::map<std::pair<std::string, std::vector<int64_t>>, std::map<std::pair<int64_t, int64_t>, const Row*>> groups;
+      for (const Row& r : t.rows) {
+        std::vector<int64_t> others;
+        for (const std::string& d : t.dim_names)
+          if (d != a0 && d != a1) others.push_back(r.dims.at(d));
+        groups[{r.impl + "," + r.dtype, others}][{r.dims.at(a0), r.dims.at(a1)}] = &r;
+      }
+      for (const auto& [key, g] : groups) {
+        for (const auto& [at, row] : g) {
+          detail::AxisLines lines;
+          std::set<int64_t> v0, v1;
+          for (const auto& [other, r] : g) {  // sorted by (axis 0, axis 1)
+            if (other.first == at.first || other.second == at.second) continue;
+            lines[other.first].first.push_back(double(other.second));
+            lines[other.first].second.push_back(r->median_us);
+            v0.insert(other.first);
+            v1.insert(other.second);
+          }
+          auto hi0 = v0.upper_bound(at.first), hi1 = v1.upper_bound(at.second);
+          if (hi0 == v0.begin() || hi0 == v0.end() || hi1 == v1.begin() || hi1 == v1.end()) continue;
+          const int64_t lo0 = *std::prev(hi0), lo1 = *std::prev(hi1);
+          const Row* corner[2][2] = {};
+          bool corners = true;
+          for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j) {
+              auto it = g.find({i ? *hi0 : lo0, j ? *hi1 : lo1});
+              corners = corners && it != g.end();
+              if (it != g.end()) corner[i][j] = it->second;
+            }
+          if (!corners) continue;
+          const double x0 = double(at.first), x1 = double(at.second);
+          std::optional<double> by_lines = detail::interp_by_lines(lines, x0, x1, db.interpolation());
+          if (!by_lines) continue;
+          const double w0 = detail::log_weight(double(lo0), double(*hi0), x0);
+          const double w1 = detail::log_weight(double(lo1), double(*hi1), x1);
+          double log_t = 0;
+          for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j)
+              log_t += (i ? w0 : 1 - w0) * (j ? w1 : 1 - w1) * std::log(corner[i][j]->median_us);
+          both.add(*by_lines, *row, t, a0 + " and " + a1);
+          both_plain.add(std::exp(log_t), *row, t, a0 + " and " + a1);
+        }
+      }
+    }
     ValidationRow v;
     v.op = op;
     ValidationStats s = chosen.done();
@@ -115,6 +173,8 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
     v.log_linear = plain.done();
     v.beyond = beyond.done();
     v.below = below.done();
+    v.both_axes = both.done();
+    v.both_axes_plain = both_plain.done();
     out.push_back(v);
   }
   return out;
