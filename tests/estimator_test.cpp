@@ -338,7 +338,9 @@ TEST(Estimator, MissingOpIsPerfDataNotAvailable) {
   int missing = 0;
   for (const SupportRow& r : rows) {
     missing += r.ok ? 0 : 1;
-    if (!r.ok) EXPECT_EQ(r.call.op, "rotary_embedding");
+    if (!r.ok) {
+      EXPECT_EQ(r.call.op, "rotary_embedding");
+    }
   }
   EXPECT_EQ(missing, 2);  // prefill and decode
   EXPECT_THAT(format_support(rows), HasSubstr("missing"));

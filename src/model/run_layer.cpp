@@ -41,15 +41,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Element access for the host loops (bf16, f16, f32 activations).
-float load(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f32: return static_cast<const float*>(p)[i];
-    default: return float(load_as_double(p, t, i));
-  }
-}
 void store(void* p, DType t, int64_t i, float v) {
   switch (t) {
     case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
