@@ -85,13 +85,20 @@ __device__ __forceinline__ void scan_units(const T* x, int64_t u, int64_t end, i
     }
     st = add_unit<T>(st, z.v);
   };
-  for (; u < end; u += kInFlight * step) {  // the last batch guards its loads (no serial tail)
+  for (; u + (kInFlight - 1) * step < end; u += kInFlight * step) {
     typename U::Raw raw[kInFlight];
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k)
+    for (int k = 0; k < kInFlight; ++k) raw[k] = U::load(x + (u + k * step) * W);
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) consume(raw[k]);
+  }
+  if (u < end) {  // the last, partial batch: guarded loads, still issued together
+    typename U::Raw raw[kInFlight - 1];
+#pragma unroll
+    for (int k = 0; k < kInFlight - 1; ++k)
       if (u + k * step < end) raw[k] = U::load(x + (u + k * step) * W);
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k)
+    for (int k = 0; k < kInFlight - 1; ++k)
       if (u + k * step < end) consume(raw[k]);
   }
 }
