@@ -223,7 +223,8 @@ template <class Body> HWY_INLINE void for_each_block(int64_t n, Body&& body) {
 }
 
 // ---- the two templates ---------------------------------------------------------------------------
-template <class Fn> constexpr bool kInterleaved = std::is_same_v<Fn, SwigluOai>;
+template <class Fn> constexpr bool kInterleaved = false;
+template <class M> constexpr bool kInterleaved<SwigluOai<M>> = true;
 
 template <class T> HWY_INLINE const T* row_in(const void* base, int64_t stride, int64_t row) {
   return static_cast<const T*>(base) + row * stride;
@@ -341,52 +342,55 @@ void pointwise_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t
   }
 }
 
-// ---- dispatch on the functor and the dtype --------------------------------------------------------
-template <bool kBackward, bool kGated, class Fn>
-void by_dtype(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (kGated && kBackward) gated_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-    else if constexpr (kGated) gated_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-    else if constexpr (kBackward) pointwise_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-    else pointwise_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-  };
-  switch (g.dtype) {
-    case DType::bf16: return run(bf16_t{});
-    case DType::f16: return run(f16_t{});
-    default: return run(float{});
-  }
+// ---- dispatch on the dtype and the functor --------------------------------------------------------
+template <bool kBackward, bool kGated, class T, class Fn>
+void run_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  if constexpr (kGated && kBackward) gated_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+  else if constexpr (kGated) gated_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+  else if constexpr (kBackward) pointwise_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+  else pointwise_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
 }
 
 // The gated ops use scaled_silu, gelu_tanh, gelu_erf, fatrelu, swiglu_oai; the pointwise ones
-// scaled_silu, gelu_tanh, relu2, xielu (only those pairs are compiled).
-template <bool kBackward, bool kGated>
-void activation_tile(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+// scaled_silu, gelu_tanh, relu2, xielu (only those pairs are compiled). The functors evaluate
+// with the math of the output dtype (Note [output precision] in functors-inl.h).
+template <bool kBackward, bool kGated, class T>
+void activation_tile_of(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  using M = MathFor<T>;
   const ActParams& p = g.params;
   switch (g.act) {
     case ActKind::scaled_silu:
-      return by_dtype<kBackward, kGated>(ScaledSilu{{}, p.alpha}, g, r0, r1, c0, c1);
+      return run_tile<kBackward, kGated, T>(ScaledSilu<M>{{}, p.alpha}, g, r0, r1, c0, c1);
     case ActKind::gelu_tanh:
-      return by_dtype<kBackward, kGated>(GeluTanh{{}, p.c}, g, r0, r1, c0, c1);
+      return run_tile<kBackward, kGated, T>(GeluTanh<M>{{}, p.c}, g, r0, r1, c0, c1);
     default: break;
   }
   if constexpr (kGated) {
     switch (g.act) {
-      case ActKind::gelu_erf: return by_dtype<kBackward, true>(GeluErf{}, g, r0, r1, c0, c1);
+      case ActKind::gelu_erf: return run_tile<kBackward, true, T>(GeluErf<M>{}, g, r0, r1, c0, c1);
       case ActKind::fatrelu:
-        return by_dtype<kBackward, true>(FatRelu{{}, p.threshold}, g, r0, r1, c0, c1);
+        return run_tile<kBackward, true, T>(FatRelu{{}, p.threshold}, g, r0, r1, c0, c1);
       case ActKind::swiglu_oai:
-        return by_dtype<kBackward, true>(SwigluOai{p.alpha, p.limit}, g, r0, r1, c0, c1);
+        return run_tile<kBackward, true, T>(SwigluOai<M>{p.alpha, p.limit}, g, r0, r1, c0, c1);
       default: return;
     }
   } else {
     switch (g.act) {
-      case ActKind::relu2: return by_dtype<kBackward, false>(Relu2{}, g, r0, r1, c0, c1);
+      case ActKind::relu2: return run_tile<kBackward, false, T>(Relu2{}, g, r0, r1, c0, c1);
       case ActKind::xielu:
-        return by_dtype<kBackward, false>(Xielu{{}, p.alpha_p, p.alpha_n, p.beta, p.eps}, g, r0,
-                                          r1, c0, c1);
+        return run_tile<kBackward, false, T>(Xielu<M>{{}, p.alpha_p, p.alpha_n, p.beta, p.eps}, g,
+                                             r0, r1, c0, c1);
       default: return;
     }
+  }
+}
+
+template <bool kBackward, bool kGated>
+void activation_tile(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  switch (g.dtype) {
+    case DType::bf16: return activation_tile_of<kBackward, kGated, bf16_t>(g, r0, r1, c0, c1);
+    case DType::f16: return activation_tile_of<kBackward, kGated, f16_t>(g, r0, r1, c0, c1);
+    default: return activation_tile_of<kBackward, kGated, float>(g, r0, r1, c0, c1);
   }
 }
 
