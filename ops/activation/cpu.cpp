@@ -222,6 +222,49 @@ template <class Body> HWY_INLINE void for_each_block(int64_t n, Body&& body) {
   if (i < n) body(i, size_t(n - i));
 }
 
+// ---- Note [staged evaluation] -----------------------------------------------------------------------
+// On a core whose out-of-order window holds few 256-bit operations (Zen 1: about 50), the long
+// dependency chain of one element (exponential -> reciprocal -> products -> rounding, ~70 cycles)
+// lets only a few vectors be in flight, so the kernel runs far below the units' throughput. With
+// ReducedMath the functors split that chain (Fn::stage1, stage2, value3 in functors-inl.h) and
+// the loops below run each step as its own pass over a chunk of the row, the steps' results
+// going through two small f32 buffers in L1: each pass has a short chain and many independent
+// vectors. kStageChunk elements: the buffers (2 x 1 KiB) and the chunk's inputs stay in L1 next
+// to the tile; a multiple of every target's block (2 x 16 lanes on AVX-512).
+constexpr int64_t kStageChunk = 256;
+
+// For each chunk of [0, n): stage1 (and stage2) of every block of the gate/input `a`, then
+// finish(i, count, a, s1, s2) per block, i relative to a's start.
+template <class Fn, class T, class Finish>
+HWY_INLINE void staged_blocks(const Fn fn, const T* a, int64_t n, Finish&& finish) {
+  alignas(64) float s1[kStageChunk], s2[kStageChunk];
+  const size_t lanes = hn::Lanes(DF());
+  const DF d;
+  for (int64_t j = 0; j < n; j += kStageChunk) {
+    const int64_t m = std::min(kStageChunk, n - j);
+    for_each_block(m, [&](int64_t i, size_t count) {
+      const Block v = load_block(a + j + i, count);
+      hn::Store(fn.stage1(v.lo), d, s1 + i);
+      hn::Store(fn.stage1(v.hi), d, s1 + i + lanes);
+    });
+    if constexpr (Fn::kThreeStages) {
+      for_each_block(m, [&](int64_t i, size_t count) {
+        const Block v = load_block(a + j + i, count);
+        hn::Store(fn.stage2(v.lo, hn::Load(d, s1 + i)), d, s2 + i);
+        hn::Store(fn.stage2(v.hi, hn::Load(d, s1 + i + lanes)), d, s2 + i + lanes);
+      });
+    }
+    const float* second = Fn::kThreeStages ? s2 : s1;
+    for_each_block(m, [&](int64_t i, size_t count) {
+      const Block first{hn::Load(d, s1 + i), hn::Load(d, s1 + i + lanes)};
+      const Block other{hn::Load(d, second + i), hn::Load(d, second + i + lanes)};
+      finish(j + i, count, load_block(a + j + i, count), first, other);
+    });
+  }
+}
+
+template <class Fn> constexpr bool kStagedFn = Fn::kStaged;
+
 // ---- the two templates ---------------------------------------------------------------------------
 template <class Fn> constexpr bool kInterleaved = false;
 template <class M> constexpr bool kInterleaved<SwigluOai<M>> = true;
@@ -234,7 +277,7 @@ template <class T> HWY_INLINE T* row_out(void* base, int64_t stride, int64_t row
 }
 
 template <class Fn, class T>
-void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void gated_forward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                         int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row);
@@ -250,6 +293,16 @@ void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, 
       const T* gate = x + g.gate_offset + c0;
       const T* up = x + g.up_offset + c0;
       const bool stream = g.stream && block_aligned(y);
+      if constexpr (kStagedFn<Fn>) {
+        staged_blocks(fn, gate, c1 - c0, [&](int64_t i, size_t count, const Block& a,
+                                             const Block& s1, const Block& s2) {
+          const Block b = load_block(up + i, count);
+          store_block(Block{hn::Mul(fn.value3(a.lo, s1.lo, s2.lo), b.lo),
+                            hn::Mul(fn.value3(a.hi, s1.hi, s2.hi), b.hi)},
+                      y + i, count, stream);
+        });
+        continue;
+      }
       for_each_block(c1 - c0, [&](int64_t i, size_t count) {
         const Block a = load_block(gate + i, count), b = load_block(up + i, count);
         store_block(Block{hn::Mul(fn.value(a.lo), b.lo), hn::Mul(fn.value(a.hi), b.hi)}, y + i,
@@ -260,10 +313,8 @@ void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, 
 }
 
 // d gate = dy * up(b) * act'(a), d up = dy * act(a) * up'(b), stored where x holds gate and up.
-template <class Fn, class T>
-HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& grad_b) {
-  VF v, slope;
-  fn.value_slope(a, v, slope);
+template <class Fn>
+HWY_INLINE void gated_grads_of(const Fn& fn, VF v, VF slope, VF b, VF gy, VF& grad_a, VF& grad_b) {
   if constexpr (Fn::kIdentityUp) {
     grad_a = hn::Mul(hn::Mul(gy, b), slope);
     grad_b = hn::Mul(gy, v);
@@ -272,9 +323,15 @@ HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& gra
     grad_b = hn::Mul(hn::Mul(gy, v), fn.up_slope(b));
   }
 }
+template <class Fn, class T>
+HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& grad_b) {
+  VF v, slope;
+  fn.value_slope(a, v, slope);
+  gated_grads_of(fn, v, slope, b, gy, grad_a, grad_b);
+}
 
 template <class Fn, class T>
-void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void gated_backward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                          int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row);
@@ -295,6 +352,20 @@ void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1,
       T* da = dx + g.gate_offset + c0;
       T* db = dx + g.up_offset + c0;
       const bool stream = g.stream && block_aligned(da) && block_aligned(db);
+      if constexpr (kStagedFn<Fn>) {
+        staged_blocks(fn, gate, c1 - c0, [&](int64_t i, size_t count, const Block& a,
+                                             const Block& s1, const Block& s2) {
+          const Block b = load_block(up + i, count), gy = load_block(dy + i, count);
+          Block v, slope, grad_a, grad_b;
+          fn.value_slope3(a.lo, s1.lo, s2.lo, v.lo, slope.lo);
+          fn.value_slope3(a.hi, s1.hi, s2.hi, v.hi, slope.hi);
+          gated_grads_of(fn, v.lo, slope.lo, b.lo, gy.lo, grad_a.lo, grad_b.lo);
+          gated_grads_of(fn, v.hi, slope.hi, b.hi, gy.hi, grad_a.hi, grad_b.hi);
+          store_block(grad_a, da + i, count, stream);
+          store_block(grad_b, db + i, count, stream);
+        });
+        continue;
+      }
       for_each_block(c1 - c0, [&](int64_t i, size_t count) {
         const Block a = load_block(gate + i, count), b = load_block(up + i, count);
         const Block gy = load_block(dy + i, count);
@@ -310,12 +381,20 @@ void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1,
 
 // y may be x itself: each block is loaded before it is stored.
 template <class Fn, class T>
-void pointwise_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void pointwise_forward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                             int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
     T* y = row_out<T>(g.out, g.out_stride, row) + c0;
     const bool stream = g.stream && block_aligned(y);
+    if constexpr (kStagedFn<Fn>) {
+      staged_blocks(fn, x, c1 - c0, [&](int64_t i, size_t count, const Block& v, const Block& s1,
+                                        const Block& s2) {
+        store_block(Block{fn.value3(v.lo, s1.lo, s2.lo), fn.value3(v.hi, s1.hi, s2.hi)}, y + i,
+                    count, stream);
+      });
+      continue;
+    }
     for_each_block(c1 - c0, [&](int64_t i, size_t count) {
       const Block v = load_block(x + i, count);
       store_block(Block{fn.value(v.lo), fn.value(v.hi)}, y + i, count, stream);
@@ -325,13 +404,25 @@ void pointwise_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t 
 
 // dx = dy * f'(x); dx may be dy itself.
 template <class Fn, class T>
-void pointwise_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void pointwise_backward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                              int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
     const T* dy = row_in<T>(g.dy, g.dy_stride, row) + c0;
     T* dx = row_out<T>(g.out, g.out_stride, row) + c0;
     const bool stream = g.stream && block_aligned(dx);
+    if constexpr (kStagedFn<Fn>) {
+      staged_blocks(fn, x, c1 - c0, [&](int64_t i, size_t count, const Block& v, const Block& s1,
+                                        const Block& s2) {
+        const Block gy = load_block(dy + i, count);
+        Block value, slope;
+        fn.value_slope3(v.lo, s1.lo, s2.lo, value.lo, slope.lo);
+        fn.value_slope3(v.hi, s1.hi, s2.hi, value.hi, slope.hi);
+        store_block(Block{hn::Mul(gy.lo, slope.lo), hn::Mul(gy.hi, slope.hi)}, dx + i, count,
+                    stream);
+      });
+      continue;
+    }
     for_each_block(c1 - c0, [&](int64_t i, size_t count) {
       const Block v = load_block(x + i, count), gy = load_block(dy + i, count);
       Block value, slope;
@@ -344,7 +435,7 @@ void pointwise_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t
 
 // ---- dispatch on the dtype and the functor --------------------------------------------------------
 template <bool kBackward, bool kGated, class T, class Fn>
-void run_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+void run_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   if constexpr (kGated && kBackward) gated_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
   else if constexpr (kGated) gated_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
   else if constexpr (kBackward) pointwise_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
