@@ -498,6 +498,37 @@ void pointwise_backward(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, in
   activation_tile<true, false>(g, r0, r1, c0, c1);
 }
 
+// tests/activation_math_test.cpp: one piece of the math of T's kernels on x[0, n).
+template <class T> void math_probe_of(MathProbe what, const float* x, float* out, int64_t n) {
+  using M = MathFor<T>;
+  for_each_vector(n, [&](int64_t i, size_t count) {
+    const VF v = load_part(x + i, count);
+    VF r = v;
+    switch (what) {
+      case MathProbe::exp: r = M::exp(v); break;
+      case MathProbe::expm1: r = M::expm1(v); break;
+      case MathProbe::recip: r = M::recip(v); break;
+      case MathProbe::erfc: {
+        const VF t = GeluErf<M>::t_of(v);
+        r = hn::Mul(t, M::exp(hn::NegMulAdd(v, v, M::erfc_poly(t))));
+        break;
+      }
+      case MathProbe::silu: r = ScaledSilu<M>{{}, 1.0f}.value(v); break;
+      case MathProbe::gelu_tanh: r = GeluTanh<M>{{}, 0.7978845608028654f}.value(v); break;
+      case MathProbe::gelu_erf: r = GeluErf<M>{}.value(v); break;
+    }
+    store_part(r, out + i, count, false);
+  });
+}
+
+void math_probe(MathProbe what, DType dtype, const float* x, float* out, int64_t n) {
+  switch (dtype) {
+    case DType::bf16: return math_probe_of<bf16_t>(what, x, out, n);
+    case DType::f16: return math_probe_of<f16_t>(what, x, out, n);
+    default: return math_probe_of<float>(what, x, out, n);
+  }
+}
+
 #undef OPFORGE_ACTIVATION_F16C
 }  // namespace opforge::activation_cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -518,7 +549,12 @@ HWY_EXPORT(gated_forward);
 HWY_EXPORT(gated_backward);
 HWY_EXPORT(pointwise_forward);
 HWY_EXPORT(pointwise_backward);
+HWY_EXPORT(math_probe);
 }  // namespace activation_cpu
+
+void activation_math_probe(MathProbe what, DType dtype, const float* x, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(activation_cpu::math_probe)(what, dtype, x, out, n);
+}
 
 namespace {
 

@@ -80,17 +80,22 @@ template <size_t N> HWY_INLINE VF horner(VF g, const float (&c)[N]) {
 // The reduced math works in base 2: u = x log2(e) = n + g with n = round(u) and |g| <= 1/2
 // (exact), 2^g by a minimax polynomial in Estrin's form (short dependency chains, Note [staged
 // evaluation] in cpu.cpp), 1 / d by the hardware estimate and one Newton step (12 -> 23 bits on
-// AVX2; no divide, which a small core does slowly and unpipelined). Relative error bounds, from
-// the fits plus the f32 rounding of u (at most |u| 2^-24), checked against double over every
-// bf16 / f16 input by tests/activation_math_test.cpp:
-//                                  bf16 (degree)          f16 (degree)
-//   e^x, |x log2 e| <= 126         7.5e-5 + 6e-8 |u| (3)  2.6e-6 + 6e-8 |u| (4)
-//   e^x - 1, x <= 0                1.5e-5 (3)             5e-7 (4)
-//   erfc(z) (so Phi)               1.1e-4 (P: 5)          2.6e-5 (P: 5)
-//   1 / d, d in [1, 2]             2^-21                  2^-21
-// The bf16 bounds are at most 1/16 of bf16's half ulp (2^-9) and the f16 ones 1/9 of f16's
-// (2^-12), so a result rounds to the value the exact one rounds to except within that margin of
-// a rounding midpoint, where it may land one ulp off.
+// AVX2; no divide, which a small core does slowly and unpipelined). Relative error bounds: the
+// fits' (below) plus the f32 rounding of the exponential's argument (|u| 2^-24 relative, which
+// dominates in the tails of erfc and gelu and is the same for the f32 kernels); checked against
+// double over every bf16 and f16 input and a dense sweep, on every target, by
+// tests/activation_math_test.cpp (measured maxima on AVX2 in brackets):
+//                                 bf16 kernels             f16 kernels
+//   e^x, |x| <= 86                8.5e-5 (7.9e-5)          1e-5   (6.4e-6)
+//   e^x - 1, x <= 0               2e-5   (1.5e-5)          1e-6   (5.9e-7)
+//   erfc(z), 0 <= z <= 9          1.2e-4 (9.0e-5)          2.6e-5 (1.8e-5)
+//   1 / d, d in [1, 2]            5e-7   (1.5e-7)          5e-7   (1.5e-7)
+//   silu, gelu (tanh form)        9e-5   (8.3e-5)          1.2e-5 (1.1e-5)
+//   gelu (erf form)               1.2e-4 (8.4e-5)          2.6e-5 (1.3e-5)
+// bf16's half ulp is at least 2^-9 = 1.95e-3 of a value and f16's 2^-12 = 2.44e-4, so each bound
+// is at most 1/16 (bf16) or 1/9 (f16) of it: a result rounds to the value the exact one rounds to
+// except within that margin of a rounding midpoint, where it may land one ulp off (the harness's
+// bf16 / f16 tolerances allow two).
 template <int kDegree> struct ReducedMath {
   static_assert(kDegree == 3 || kDegree == 4, "fitted degrees: 3 (bf16), 4 (f16)");
   static constexpr bool kStaged = true;
