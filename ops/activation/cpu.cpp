@@ -263,6 +263,35 @@ HWY_INLINE void staged_blocks(const Fn fn, const T* a, int64_t n, Finish&& finis
   }
 }
 
+// The same over interleaved (gate, up) pairs, one vector of pairs at a time: `pairs` points at
+// the first pair; finish(i, count, a, b, s1, s2).
+template <class Fn, class T, class Finish>
+HWY_INLINE void staged_pairs(const Fn fn, const T* pairs, int64_t n, Finish&& finish) {
+  alignas(64) float s1[kStageChunk], s2[kStageChunk];
+  const DF d;
+  for (int64_t j = 0; j < n; j += kStageChunk) {
+    const int64_t m = std::min(kStageChunk, n - j);
+    for_each_vector(m, [&](int64_t i, size_t count) {
+      VF a, b;
+      load_pairs(pairs + 2 * (j + i), count, a, b);
+      hn::Store(fn.stage1(a), d, s1 + i);
+    });
+    if constexpr (Fn::kThreeStages) {
+      for_each_vector(m, [&](int64_t i, size_t count) {
+        VF a, b;
+        load_pairs(pairs + 2 * (j + i), count, a, b);
+        hn::Store(fn.stage2(a, hn::Load(d, s1 + i)), d, s2 + i);
+      });
+    }
+    const float* second = Fn::kThreeStages ? s2 : s1;
+    for_each_vector(m, [&](int64_t i, size_t count) {
+      VF a, b;
+      load_pairs(pairs + 2 * (j + i), count, a, b);
+      finish(j + i, count, a, b, hn::Load(d, s1 + i), hn::Load(d, second + i));
+    });
+  }
+}
+
 template <class Fn> constexpr bool kStagedFn = Fn::kStaged;
 
 // ---- the two templates ---------------------------------------------------------------------------
@@ -284,6 +313,13 @@ void gated_forward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, i
     T* y = row_out<T>(g.out, g.out_stride, row) + c0;
     if constexpr (kInterleaved<Fn>) {
       const bool stream = g.stream && stream_aligned(y);
+      if constexpr (kStagedFn<Fn>) {
+        staged_pairs(fn, x + 2 * c0, c1 - c0,
+                     [&](int64_t i, size_t count, VF a, VF b, VF s1, VF s2) {
+                       store_part(hn::Mul(fn.value3(a, s1, s2), fn.up(b)), y + i, count, stream);
+                     });
+        continue;
+      }
       for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
         VF a, b;
         load_pairs(x + 2 * (c0 + i), count, a, b);
@@ -340,6 +376,16 @@ void gated_backward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, 
     if constexpr (kInterleaved<Fn>) {
       // store_pairs streams one u32 vector: 2 * Lanes elements of T, block_bytes<T>().
       const bool stream = g.stream && block_aligned(dx + 2 * c0);
+      if constexpr (kStagedFn<Fn>) {
+        staged_pairs(fn, x + 2 * c0, c1 - c0,
+                     [&](int64_t i, size_t count, VF a, VF b, VF s1, VF s2) {
+                       VF v, slope, grad_a, grad_b;
+                       fn.value_slope3(a, s1, s2, v, slope);
+                       gated_grads_of(fn, v, slope, b, load_part(dy + i, count), grad_a, grad_b);
+                       store_pairs(grad_a, grad_b, dx + 2 * (c0 + i), count, stream);
+                     });
+        continue;
+      }
       for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
         VF a, b, grad_a, grad_b;
         load_pairs(x + 2 * (c0 + i), count, a, b);
