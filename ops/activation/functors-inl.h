@@ -98,8 +98,10 @@ template <size_t N> HWY_INLINE VF horner(VF g, const float (&c)[N]) {
 // bf16 / f16 tolerances allow two).
 template <int kDegree> struct ReducedMath {
   static_assert(kDegree == 3 || kDegree == 4, "fitted degrees: 3 (bf16), 4 (f16)");
-  static constexpr bool kStaged = true;
+  static constexpr bool kReduced = true;
   static constexpr float kLog2e = 1.44269504088896341f;
+  // The staged sigmoid (functors below) takes its argument times kExpScale to exp_scaled.
+  static constexpr float kExpScale = kLog2e;
 
   // c0 + c1 g + ... + c4 g^4 (c4 = 0 for degree 3) in Estrin's form: depth 3 instead of 4.
   HWY_INLINE static VF estrin(VF g, float c0, float c1, float c2, float c3, float c4) {
@@ -131,6 +133,7 @@ template <int kDegree> struct ReducedMath {
   }
 
   HWY_INLINE static VF exp(VF x) { return exp2(hn::Mul(x, splat(kLog2e))); }
+  HWY_INLINE static VF exp_scaled(VF u) { return exp2(u); }
 
   // e^x - 1 from u = x log2(e) <= 0, with relative accuracy near 0: 2^n (2^g - 1) + (2^n - 1)
   // where 2^g - 1 = g q(g) (minimax fits of q on [-1/2, 1/2]: relative error 1.5e-5 for degree 3,
@@ -163,8 +166,10 @@ template <int kDegree> struct ReducedMath {
 
 // The full f32 accuracy (Note [activation math]).
 struct FullMath {
-  static constexpr bool kStaged = false;
+  static constexpr bool kReduced = false;
+  static constexpr float kExpScale = 1.0f;
   HWY_INLINE static VF exp(VF x) { return exp_f32(x); }
+  HWY_INLINE static VF exp_scaled(VF x) { return exp_f32(x); }
   HWY_INLINE static VF expm1(VF x) { return hn::Expm1(DF(), x); }
   HWY_INLINE static VF recip(VF d) { return hn::Div(splat(1.0f), d); }
   // Press et al. (Numerical Recipes, 6.2): fractional error below 1.2e-7 for every z >= 0.
@@ -223,8 +228,9 @@ struct IdentityUp {
   HWY_INLINE VF up_slope(VF) const { return splat(1.0f); }
 };
 
-// Note [staged evaluation] (cpu.cpp): with ReducedMath (M::kStaged) a functor also splits its
-// math into up to three steps that the kernels run as separate passes over a short chunk:
+// Note [staged evaluation] (cpu.cpp): a functor with kStaged splits its math into up to three
+// steps that the kernels run as separate passes over a short chunk (with FullMath the steps are
+// exactly the f32 operations of value / value_slope, so the results are the same bits):
 //   VF stage1(VF a)                 the exponential (or 1 / (1 + z / 2) for erf)
 //   VF stage2(VF a, VF s1)          only if kThreeStages: e.g. 1 / (1 + e)
 //   VF value3(VF a, VF s1, VF s2)   and value_slope3(a, s1, s2, v, slope): the rest
@@ -240,29 +246,32 @@ template <class Fn> HWY_INLINE void staged_value_slope(const Fn& fn, VF a, VF& v
   else fn.value_slope3(a, s1, s1, v, slope);
 }
 
-// Staged sigmoid(z) (ReducedMath): e = 2^(-|z log2 e|), r = 1 / (1 + e), then sigmoid(z) = r for
-// z >= 0 and e r below; 1 - sigmoid(z) the other way round. `z_log2e` is z log2(e).
-template <class M> HWY_INLINE VF sigmoid_stage1(VF z_log2e) { return M::exp2(neg_abs(z_log2e)); }
+// Staged sigmoid(z): e = exp(-|z|), r = 1 / (1 + e), then sigmoid(z) = r for z >= 0 and e r below;
+// 1 - sigmoid(z) the other way round. `z_scaled` is z M::kExpScale (log2(e) for ReducedMath's
+// base-2 exponential, 1 for FullMath).
+template <class M> HWY_INLINE VF sigmoid_stage1(VF z_scaled) {
+  return M::exp_scaled(neg_abs(z_scaled));
+}
 template <class M> HWY_INLINE VF sigmoid_stage2(VF e) { return M::recip(hn::Add(splat(1.0f), e)); }
 
 // a sigmoid(alpha a): silu (alpha 1), quick_gelu (alpha 1.702).
 template <class M> struct ScaledSilu : IdentityUp {
-  static constexpr bool kStaged = M::kStaged, kThreeStages = true;
+  static constexpr bool kStaged = M::kReduced, kThreeStages = true;
   float alpha = 1.0f;
   HWY_INLINE VF value(VF a) const {
-    if constexpr (kStaged) return staged_value(*this, a);
+    if constexpr (M::kReduced) return staged_value(*this, a);
     else return hn::Mul(a, sigmoid<M>(hn::Mul(splat(alpha), a)));
   }
   // d/da = s + alpha a s (1 - s) = s (1 + alpha a (1 - s))
   HWY_INLINE void value_slope(VF a, VF& v, VF& slope) const {
-    if constexpr (kStaged) return staged_value_slope(*this, a, v, slope);
+    if constexpr (M::kReduced) return staged_value_slope(*this, a, v, slope);
     VF s, sc;
     sigmoid_both<M>(hn::Mul(splat(alpha), a), s, sc);
     v = hn::Mul(a, s);
     slope = hn::Mul(s, hn::MulAdd(hn::Mul(splat(alpha), a), sc, splat(1.0f)));
   }
   HWY_INLINE VF stage1(VF a) const {
-    return sigmoid_stage1<M>(hn::Mul(splat(alpha * M::kLog2e), a));
+    return sigmoid_stage1<M>(hn::Mul(splat(alpha * M::kExpScale), a));
   }
   HWY_INLINE VF stage2(VF, VF e) const { return sigmoid_stage2<M>(e); }
   // The sign of z = alpha a: a's, flipped for a negative alpha.
@@ -281,14 +290,14 @@ template <class M> struct ScaledSilu : IdentityUp {
 // x sigmoid(2u), u = c (x + 0.044715 x^3): gelu_new (c = sqrt(2/pi)), gelu_fast (c = 0.7978845608)
 // and gelu_and_mul's "tanh". c > 0, so 2u has the sign of x.
 template <class M> struct GeluTanh : IdentityUp {
-  static constexpr bool kStaged = M::kStaged, kThreeStages = true;
+  static constexpr bool kStaged = M::kReduced, kThreeStages = true;
   float c = 0.7978845608028654f;
   HWY_INLINE VF two_u(VF a, float scale = 1.0f) const {
     const VF a2 = hn::Mul(a, a);
     return hn::Mul(hn::Mul(splat(2.0f * c * scale), a), hn::MulAdd(splat(0.044715f), a2, splat(1.0f)));
   }
   HWY_INLINE VF value(VF a) const {
-    if constexpr (kStaged) return staged_value(*this, a);
+    if constexpr (M::kReduced) return staged_value(*this, a);
     else return hn::Mul(a, sigmoid<M>(two_u(a)));
   }
   HWY_INLINE VF slope_of(VF a, VF s, VF sc, VF v) const {
@@ -297,13 +306,13 @@ template <class M> struct GeluTanh : IdentityUp {
     return hn::MulAdd(hn::Mul(v, sc), du, s);
   }
   HWY_INLINE void value_slope(VF a, VF& v, VF& slope) const {
-    if constexpr (kStaged) return staged_value_slope(*this, a, v, slope);
+    if constexpr (M::kReduced) return staged_value_slope(*this, a, v, slope);
     VF s, sc;
     sigmoid_both<M>(two_u(a), s, sc);
     v = hn::Mul(a, s);
     slope = slope_of(a, s, sc, v);
   }
-  HWY_INLINE VF stage1(VF a) const { return sigmoid_stage1<M>(two_u(a, M::kLog2e)); }
+  HWY_INLINE VF stage1(VF a) const { return sigmoid_stage1<M>(two_u(a, M::kExpScale)); }
   HWY_INLINE VF stage2(VF, VF e) const { return sigmoid_stage2<M>(e); }
   HWY_INLINE VF value3(VF a, VF e, VF r) const {
     return hn::Mul(a, if_negative(a, hn::Mul(e, r), r));
@@ -321,7 +330,7 @@ template <class M> struct GeluTanh : IdentityUp {
 // M's P (FullMath: their fit, fractional error below 1.2e-7 for every z >= 0). Phi = 1 - erfc / 2
 // for x >= 0 and erfc / 2 below, so the left tail keeps its relative accuracy.
 template <class M> struct GeluErf : IdentityUp {
-  static constexpr bool kStaged = M::kStaged, kThreeStages = true;
+  static constexpr bool kStaged = true, kThreeStages = true;  // f32 too: Note [staged evaluation]
   HWY_INLINE static VF z_of(VF a) { return hn::Mul(hn::Abs(a), splat(0.70710678118654752f)); }
   HWY_INLINE static VF t_of(VF z) { return reciprocal1(hn::MulAdd(splat(0.5f), z, splat(1.0f))); }
   HWY_INLINE static VF cdf_of(VF a, VF t, VF e) {
@@ -338,12 +347,12 @@ template <class M> struct GeluErf : IdentityUp {
     return hn::Mul(splat(0.39894228040143268f), M::exp(hn::Mul(splat(-0.5f), hn::Mul(a, a))));
   }
   HWY_INLINE VF value(VF a) const {
-    if constexpr (kStaged) return staged_value(*this, a);
+    if constexpr (M::kReduced) return staged_value(*this, a);
     else return hn::Mul(a, phi_cdf(a));
   }
   // d/da = Phi(a) + a phi(a)
   HWY_INLINE void value_slope(VF a, VF& v, VF& slope) const {
-    if constexpr (kStaged) return staged_value_slope(*this, a, v, slope);
+    if constexpr (M::kReduced) return staged_value_slope(*this, a, v, slope);
     const VF cdf = phi_cdf(a);
     v = hn::Mul(a, cdf);
     slope = hn::MulAdd(a, pdf(a), cdf);
@@ -380,7 +389,7 @@ struct FatRelu : IdentityUp {
 // torch.clamp's gradient does.
 template <class M> struct SwigluOai {
   static constexpr bool kIdentityUp = false;
-  static constexpr bool kStaged = M::kStaged, kThreeStages = true;
+  static constexpr bool kStaged = M::kReduced, kThreeStages = true;
   float alpha = 1.702f, limit = 7.0f;
   HWY_INLINE ScaledSilu<M> silu() const { return ScaledSilu<M>{{}, alpha}; }
   HWY_INLINE VF gate(VF a) const { return hn::Min(a, splat(limit)); }
@@ -421,15 +430,15 @@ struct Relu2 : IdentityUp {
 
 // xielu: alpha_p x^2 + beta x for x > 0, (expm1(min(x, eps)) - x) alpha_n + beta x otherwise.
 template <class M> struct Xielu : IdentityUp {
-  static constexpr bool kStaged = M::kStaged, kThreeStages = false;
+  static constexpr bool kStaged = M::kReduced, kThreeStages = false;
   float alpha_p = 0.8f, alpha_n = 0.8f, beta = 0.5f, eps = -1e-6f;
   HWY_INLINE VF expm1_part(VF a) const { return M::expm1(hn::Min(a, splat(eps))); }
   HWY_INLINE VF value(VF a) const {
-    if constexpr (kStaged) return staged_value(*this, a);
+    if constexpr (M::kReduced) return staged_value(*this, a);
     else return value3(a, expm1_part(a), hn::Zero(DF()));
   }
   HWY_INLINE void value_slope(VF a, VF& v, VF& slope) const {
-    if constexpr (kStaged) return staged_value_slope(*this, a, v, slope);
+    if constexpr (M::kReduced) return staged_value_slope(*this, a, v, slope);
     else value_slope3(a, expm1_part(a), hn::Zero(DF()), v, slope);
   }
   HWY_INLINE VF stage1(VF a) const { return expm1_part(a); }
