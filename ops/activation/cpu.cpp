@@ -6,13 +6,18 @@
 // except a pointwise output that is exactly its input or upstream gradient).
 //
 // Why it is fast (one Highway source, runtime dispatch to AVX-512/AVX2/SSE4/NEON):
-// - Each element is loaded once, its activation computed in f32 registers and the result rounded
-//   once on the store. The math is a few FMAs per element (Note [activation math]): one polynomial
-//   exponential and one reciprocal, no tanh or erf call. On a small AVX2 core these kernels are
-//   compute-bound, so every instruction counts: Highway's general Exp, a two-step Newton
-//   reciprocal, compare-and-blend selects and a per-vector widen / round / pack / permute for
-//   bf16 cost ~60 instructions per 8 silu_and_mul outputs; this file needs about half.
-//   Measured fractions of the copy ceiling: docs/perf/cpu-activation.md.
+// - Each element is loaded once per pass, its activation computed in f32 registers and the result
+//   rounded once on the store. The math is a few FMAs per element (Note [activation math]): one
+//   polynomial exponential and one reciprocal, no tanh or erf call. On a small AVX2 core (Zen 1)
+//   these kernels are compute-bound, so every instruction counts:
+//   - bf16 / f16 outputs use reduced math (Note [output precision] in functors-inl.h: degree-3/4
+//     base-2 exponential, estimate + one Newton step instead of a divide, a 6-term erfc fit),
+//     accurate to far below half an ulp of the output; f32 outputs keep the full f32 math.
+//   - Note [staged evaluation]: the exponential, the reciprocal and the rest run as separate
+//     passes over L1 chunks, so the out-of-order window holds many short chains instead of a
+//     few long ones.
+//   silu_and_mul bf16 went from 2.2 to ~1.5 ns of CPU time per output, gelu (erf form) from 5.0 to
+//   2.6. Measured fractions of the copy ceiling: docs/perf/cpu-activation.md.
 // - Note [block order]: bf16 is widened and narrowed two vectors at a time with one unpack / one
 //   pack instruction per vector on AVX2.
 // - f16 loads and stores use the F16C conversion instructions where the target has them (AVX2 and
@@ -549,37 +554,6 @@ void pointwise_backward(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, in
   activation_tile<true, false>(g, r0, r1, c0, c1);
 }
 
-// tests/activation_math_test.cpp: one piece of the math of T's kernels on x[0, n).
-template <class T> void math_probe_of(MathProbe what, const float* x, float* out, int64_t n) {
-  using M = MathFor<T>;
-  for_each_vector(n, [&](int64_t i, size_t count) {
-    const VF v = load_part(x + i, count);
-    VF r = v;
-    switch (what) {
-      case MathProbe::exp: r = M::exp(v); break;
-      case MathProbe::expm1: r = M::expm1(v); break;
-      case MathProbe::recip: r = M::recip(v); break;
-      case MathProbe::erfc: {
-        const VF t = GeluErf<M>::t_of(v);
-        r = hn::Mul(t, M::exp(hn::NegMulAdd(v, v, M::erfc_poly(t))));
-        break;
-      }
-      case MathProbe::silu: r = ScaledSilu<M>{{}, 1.0f}.value(v); break;
-      case MathProbe::gelu_tanh: r = GeluTanh<M>{{}, 0.7978845608028654f}.value(v); break;
-      case MathProbe::gelu_erf: r = GeluErf<M>{}.value(v); break;
-    }
-    store_part(r, out + i, count, false);
-  });
-}
-
-void math_probe(MathProbe what, DType dtype, const float* x, float* out, int64_t n) {
-  switch (dtype) {
-    case DType::bf16: return math_probe_of<bf16_t>(what, x, out, n);
-    case DType::f16: return math_probe_of<f16_t>(what, x, out, n);
-    default: return math_probe_of<float>(what, x, out, n);
-  }
-}
-
 #undef OPFORGE_ACTIVATION_F16C
 }  // namespace opforge::activation_cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -600,12 +574,7 @@ HWY_EXPORT(gated_forward);
 HWY_EXPORT(gated_backward);
 HWY_EXPORT(pointwise_forward);
 HWY_EXPORT(pointwise_backward);
-HWY_EXPORT(math_probe);
 }  // namespace activation_cpu
-
-void activation_math_probe(MathProbe what, DType dtype, const float* x, float* out, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(activation_cpu::math_probe)(what, dtype, x, out, n);
-}
 
 namespace {
 

@@ -10,12 +10,13 @@
 // The kernels of cpu.cpp are templates over these; the math of each op is written once here.
 //
 // Note [activation math]: sigmoid, tanh-GELU and erf-GELU all come down to one exponential of a
-// non-positive argument (exp_f32 below) and one reciprocal. tanh(u) is never evaluated:
-// 0.5 (1 + tanh(u)) = sigmoid(2u), so gelu_tanh(x) = x sigmoid(2u). The exponential is a degree-6
-// polynomial on [-ln2/2, ln2/2] after a Cody-Waite reduction (relative error ~2e-7, far inside
-// the f32 tolerance); sigmoid's reciprocal is one divide (the divider runs beside the FMA units,
-// and its exact rounding makes silu(a) of a large a exactly a).
-// Both are a handful of fused multiply-adds, so a bf16 kernel stays memory-bound on AVX2.
+// non-positive argument and one reciprocal. tanh(u) is never evaluated: 0.5 (1 + tanh(u)) =
+// sigmoid(2u), so gelu_tanh(x) = x sigmoid(2u). Every functor takes its math from a policy M:
+// FullMath for f32 outputs (exp_f32 below: a degree-6 polynomial on [-ln2/2, ln2/2] after a
+// Cody-Waite reduction, relative error ~2e-7; sigmoid's reciprocal one divide, whose exact
+// rounding makes silu(a) of a large a exactly a), ReducedMath for bf16 / f16 outputs (Note
+// [output precision]: lower-degree base-2 polynomials and no divide, accurate far below half an
+// ulp of the output). The functors also expose their math in steps for Note [staged evaluation].
 
 #if defined(OPFORGE_OPS_ACTIVATION_FUNCTORS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef OPFORGE_OPS_ACTIVATION_FUNCTORS_INL_H_
