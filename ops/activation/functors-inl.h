@@ -158,10 +158,13 @@ template <int kDegree> struct ReducedMath {
   // P(t) of erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2): a degree-5 fit on z in [0, 9.6]
   // (t >= 0.17; beyond, erfc(z) < 1e-40 and the exponential underflows to 0), absolute error
   // below 8e-6 (so the relative error of erfc).
+  // Estrin's form: (c0 + c1 t) + t^2 (c2 + c3 t) + t^4 (c4 + c5 t).
   HWY_INLINE static VF erfc_poly(VF t) {
-    static constexpr float kP[] = {0.228783444f, -0.709170461f, 0.474469960f,
-                                   0.254455805f, 1.01801026f, -1.26654148f};
-    return horner(t, kP);
+    const VF t2 = hn::Mul(t, t);
+    const VF p01 = hn::MulAdd(splat(1.01801026f), t, splat(-1.26654148f));
+    const VF p23 = hn::MulAdd(splat(0.474469960f), t, splat(0.254455805f));
+    const VF p45 = hn::MulAdd(splat(0.228783444f), t, splat(-0.709170461f));
+    return hn::MulAdd(t2, hn::MulAdd(t2, p45, p23), p01);
   }
 };
 
