@@ -153,6 +153,9 @@ const Kernel kKernels[] = {
 // ops: the kernel's bf16 (f16) result is the exact one rounded, or one ulp beside it (Note
 // [output precision]), and that hardly more often than with full f32 math.
 TEST(ActivationMath, KernelsWithinOneUlpOfTheRoundedExactResult) {
+  for (const cpu::SimdTarget& target : cpu::simd_targets()) {
+  cpu::restrict_simd_target_for_testing(target.bit);
+  SCOPED_TRACE(target.name);
   for (DType dtype : {DType::bf16, DType::f16}) {
     std::vector<double> gates;
     for (uint32_t bits = 0; bits < 0x10000; ++bits) {
@@ -201,12 +204,14 @@ TEST(ActivationMath, KernelsWithinOneUlpOfTheRoundedExactResult) {
         // share of the bound: ~1% measured; at most 2.5% more than f32 math.
         EXPECT_LE(double(off_by_one), double(f32_off) + 0.025 * double(checked))
             << k.name << " " << dtype_name(dtype);
-        std::printf("%-18s %-5s up %5.2f: %5lld of %lld results one ulp off (f32 math: %lld)\n",
-                    k.name, dtype_name(dtype), up, (long long)off_by_one, (long long)checked,
-                    (long long)f32_off);
+        std::printf("%-6s %-18s %-5s up %5.2f: %5lld of %lld results one ulp off (f32: %lld)\n",
+                    target.name.c_str(), k.name, dtype_name(dtype), up, (long long)off_by_one,
+                    (long long)checked, (long long)f32_off);
       }
     }
   }
+  }
+  cpu::restrict_simd_target_for_testing(0);
 }
 
 }  // namespace
