@@ -198,6 +198,28 @@ template <class T> HWY_INLINE void store_block_full(const Block& b, T* p, bool s
   store_vec(b.hi, p + hn::Lanes(DF()), stream);
 }
 
+// count <= 2 * Lanes f32 values at src, in order, stored as T at p (`stream`: p aligned to
+// block_bytes<T>()). On AVX2 a full bf16 pair of vectors takes one pack and one in-lane-order
+// permute (vpermq) instead of a per-vector NaN-aware rounding, pack and permute.
+template <class T> HWY_INLINE void store_in_order(const float* src, T* p, size_t count, bool stream) {
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if (HWY_LIKELY(count == 2 * lanes)) {
+      const __m256i packed = _mm256_permute4x64_epi64(
+          _mm256_packus_epi32(bf16_round_bits(hn::Load(d, src)), bf16_round_bits(hn::Load(d, src + lanes))),
+          0xD8);
+      __m256i* to = reinterpret_cast<__m256i*>(p);
+      if (stream) return _mm256_stream_si256(to, packed);
+      return _mm256_storeu_si256(to, packed);
+    }
+  }
+#endif
+  store_part(hn::Load(d, src), p, std::min(count, lanes), stream && count == 2 * lanes);
+  if (count > lanes) store_part(hn::Load(d, src + lanes), p + lanes, count - lanes, stream && count == 2 * lanes);
+}
+
 template <class T> HWY_INLINE size_t block_bytes() { return 2 * vector_bytes<T>(); }
 template <class T> HWY_INLINE bool block_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % block_bytes<T>() == 0;
@@ -275,8 +297,12 @@ HWY_INLINE void staged_blocks(const Fn fn, const T* a, int64_t n, Finish&& finis
 
 // The same over interleaved (gate, up) pairs, one vector of pairs at a time: `pairs` points at
 // the first pair; finish(i, count, a, b, s1, s2).
-template <class Fn, class T, class Finish>
-HWY_INLINE void staged_pairs(const Fn fn, const T* pairs, int64_t n, Finish&& finish) {
+struct NoChunkEnd {
+  void operator()(int64_t, int64_t) const {}
+};
+template <class Fn, class T, class Finish, class ChunkEnd = NoChunkEnd>
+HWY_INLINE void staged_pairs(const Fn fn, const T* pairs, int64_t n, Finish&& finish,
+                             ChunkEnd&& chunk_end = {}) {
   alignas(64) float s1[kStageChunk], s2[kStageChunk];
   const DF d;
   for (int64_t j = 0; j < n; j += kStageChunk) {
@@ -299,6 +325,7 @@ HWY_INLINE void staged_pairs(const Fn fn, const T* pairs, int64_t n, Finish&& fi
       load_pairs(pairs + 2 * (j + i), count, a, b);
       finish(j + i, count, a, b, hn::Load(d, s1 + i), hn::Load(d, second + i));
     });
+    chunk_end(j, m);
   }
 }
 
@@ -323,7 +350,22 @@ void gated_forward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, i
     T* y = row_out<T>(g.out, g.out_stride, row) + c0;
     if constexpr (kInterleaved<Fn>) {
       const bool stream = g.stream && stream_aligned(y);
-      if constexpr (kStagedFn<Fn>) {
+      if constexpr (kStagedFn<Fn> && std::is_same_v<T, bf16_t>) {
+        // The results of a chunk go through an f32 buffer, stored two vectors at a time.
+        alignas(64) float out[kStageChunk];
+        const bool stream_blocks = g.stream && block_aligned(y);
+        staged_pairs(
+            fn, x + 2 * c0, c1 - c0,
+            [&](int64_t i, size_t, VF a, VF b, VF s1, VF s2) {
+              hn::Store(hn::Mul(fn.value3(a, s1, s2), fn.up(b)), DF(), out + i % kStageChunk);
+            },
+            [&](int64_t j, int64_t m) {
+              for_each_block(m, [&](int64_t i, size_t count) {
+                store_in_order(out + i, y + j + i, count, stream_blocks);
+              });
+            });
+        continue;
+      } else if constexpr (kStagedFn<Fn>) {
         staged_pairs(fn, x + 2 * c0, c1 - c0,
                      [&](int64_t i, size_t count, VF a, VF b, VF s1, VF s2) {
                        store_part(hn::Mul(fn.value3(a, s1, s2), fn.up(b)), y + i, count, stream);
