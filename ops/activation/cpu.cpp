@@ -6,13 +6,18 @@
 // except a pointwise output that is exactly its input or upstream gradient).
 //
 // Why it is fast (one Highway source, runtime dispatch to AVX-512/AVX2/SSE4/NEON):
-// - Each element is loaded once, its activation computed in f32 registers and the result rounded
-//   once on the store. The math is a few FMAs per element (Note [activation math]): one polynomial
-//   exponential and one reciprocal, no tanh or erf call. On a small AVX2 core these kernels are
-//   compute-bound, so every instruction counts: Highway's general Exp, a two-step Newton
-//   reciprocal, compare-and-blend selects and a per-vector widen / round / pack / permute for
-//   bf16 cost ~60 instructions per 8 silu_and_mul outputs; this file needs about half.
-//   Measured fractions of the copy ceiling: docs/perf/cpu-activation.md.
+// - Each element is loaded once per pass, its activation computed in f32 registers and the result
+//   rounded once on the store. The math is a few FMAs per element (Note [activation math]): one
+//   polynomial exponential and one reciprocal, no tanh or erf call. On a small AVX2 core (Zen 1)
+//   these kernels are compute-bound, so every instruction counts:
+//   - bf16 / f16 outputs use reduced math (Note [output precision] in functors-inl.h: degree-3/4
+//     base-2 exponential, estimate + one Newton step instead of a divide, a 6-term erfc fit),
+//     accurate to far below half an ulp of the output; f32 outputs keep the full f32 math.
+//   - Note [staged evaluation]: the exponential, the reciprocal and the rest run as separate
+//     passes over L1 chunks, so the out-of-order window holds many short chains instead of a
+//     few long ones.
+//   silu_and_mul bf16 went from 2.2 to ~1.5 ns of CPU time per output, gelu (erf form) from 5.0 to
+//   2.6. Measured fractions of the copy ceiling: docs/perf/cpu-activation.md.
 // - Note [block order]: bf16 is widened and narrowed two vectors at a time with one unpack / one
 //   pack instruction per vector on AVX2.
 // - f16 loads and stores use the F16C conversion instructions where the target has them (AVX2 and
@@ -33,197 +38,98 @@
 #include "hwy/highway.h"
 #include "ops/activation/functors-inl.h"
 #include "ops/activation/internal.h"
+#include "ops/activation/io-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::activation_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;  // NOLINT: the SIMD vocabulary
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-#define OPFORGE_ACTIVATION_F16C 1
-using DH = hn::Rebind<hwy::float16_t, DF>;
-#else
-#define OPFORGE_ACTIVATION_F16C 0
-#endif
+// ---- Note [staged evaluation] -----------------------------------------------------------------------
+// On a core whose out-of-order window holds few 256-bit operations (Zen 1: about 50), the long
+// dependency chain of one element (exponential -> reciprocal -> products -> rounding, ~70 cycles)
+// lets only a few vectors be in flight, and the kernel runs far below the units' throughput
+// (profiled: the samples spread evenly along the chain). A functor with kStaged splits that
+// chain (stage1, stage2, value3 in functors-inl.h) and the loops below run each step as its own
+// pass over a chunk of the row, the steps' results going through two small f32 buffers in L1:
+// each pass has a short chain and many independent vectors. Measured on Zen 1, one thread:
+// silu_and_mul bf16 1.70 ns per output with the reduced math in one pass, 1.50 in three. The f32
+// kernels stage only gelu (erf form, 1.3x faster): for the others the divide, not the chain,
+// sets the pace, and the extra passes cost more than they save. With FullMath the steps are
+// exactly the operations of the one-pass code, so f32 results are the same bits either way.
+// kStageChunk elements: the buffers (2 x 1 KiB) and the chunk's inputs stay in L1 next to the
+// tile; a multiple of every target's block (2 x 16 lanes on AVX-512); 128 and 512 time the same.
+constexpr int64_t kStageChunk = 256;
 
-// ---- one vector of T <-> f32 --------------------------------------------------------------------
-template <class T> HWY_INLINE VF load_vec(const T* p) {
-#if OPFORGE_ACTIVATION_F16C
-  if constexpr (std::is_same_v<T, f16_t>)
-    return hn::PromoteTo(DF(), hn::LoadU(DH(), reinterpret_cast<const hwy::float16_t*>(p)));
-#endif
-  return load(p);
-}
-
-template <class T> HWY_INLINE VF load_part(const T* p, size_t count) {
-  if (HWY_LIKELY(count == hn::Lanes(DF()))) return load_vec(p);
-  alignas(64) T buffer[kMaxLanes];
-  std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
-  std::memcpy(static_cast<void*>(buffer), p, count * sizeof(T));
-  return load_vec(buffer);
-}
-
-// The bf16 / f16 bits of v in 16-bit lanes, rounded by Note [vector rounding].
-template <class T> HWY_INLINE hn::Vec<D16> narrow_bits(VF v) {
-#if OPFORGE_ACTIVATION_F16C
-  if constexpr (std::is_same_v<T, f16_t>) return hn::BitCast(D16(), hn::DemoteTo(DH(), v));
-#endif
-  if constexpr (std::is_same_v<T, f16_t>) return hn::DemoteTo(D16(), hn::BitCast(DI(), f16_bits(v)));
-  return hn::DemoteTo(D16(), hn::BitCast(DI(), bf16_bits(v)));
-}
-
-// Bytes of one stored vector of T: a streamed store needs its address aligned to them.
-template <class T> HWY_INLINE size_t vector_bytes() { return hn::Lanes(DF()) * sizeof(T); }
-template <class T> HWY_INLINE bool stream_aligned(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % vector_bytes<T>() == 0;
-}
-
-// `stream`: Note [streaming stores]; p is then aligned (stream_aligned).
-template <class T> HWY_INLINE void store_vec(VF v, T* p, bool stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (stream) return hn::Stream(v, DF(), p);
-    return hn::StoreU(v, DF(), p);
-  } else {
-    const auto bits = narrow_bits<T>(v);
-    if (stream) return hn::Stream(bits, D16(), &p->bits);
-    hn::StoreU(bits, D16(), &p->bits);
-  }
-}
-
-template <class T> HWY_INLINE void store_part(VF v, T* p, size_t count, bool stream) {
-  if (HWY_LIKELY(count == hn::Lanes(DF()))) return store_vec(v, p, stream);
-  alignas(64) T buffer[kMaxLanes];
-  store_vec(v, buffer, false);
-  std::memcpy(static_cast<void*>(p), buffer, count * sizeof(T));
-}
-
-// ---- interleaved (gate, up) pairs: swigluoai_and_mul --------------------------------------------
-// 16-bit lanes held in the low half of u32 lanes <-> f32.
-template <class T> HWY_INLINE VF widen_bits(VU bits) {
-  if constexpr (std::is_same_v<T, bf16_t>) return bf16_bits_to_f32(bits);
-#if OPFORGE_ACTIVATION_F16C
-  return hn::PromoteTo(DF(), hn::BitCast(DH(), hn::DemoteTo(D16(), hn::BitCast(DI(), bits))));
-#else
-  return f16_bits_to_f32(bits);
-#endif
-}
-template <class T> HWY_INLINE VU bits_u32(VF v) { return hn::PromoteTo(DU(), narrow_bits<T>(v)); }
-
-// count <= Lanes pairs at p: gates into a, up values into b.
-template <class T> HWY_INLINE void load_pairs(const T* p, size_t count, VF& a, VF& b) {
+// For each chunk of [0, n): stage1 (and stage2) of every block of the gate/input `a`, then
+// finish(i, count, a, s1, s2) per block, i relative to a's start.
+template <class Fn, class T, class Finish>
+HWY_INLINE void staged_blocks(const Fn fn, const T* a, int64_t n, Finish&& finish) {
+  alignas(64) float s1[kStageChunk], s2[kStageChunk];
   const size_t lanes = hn::Lanes(DF());
-  alignas(64) T buffer[2 * kMaxLanes];
-  if (HWY_UNLIKELY(count != lanes)) {
-    std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
-    std::memcpy(static_cast<void*>(buffer), p, 2 * count * sizeof(T));
-    p = buffer;
-  }
-  if constexpr (std::is_same_v<T, float>) {
-    hn::LoadInterleaved2(DF(), p, a, b);
-  } else {
-    // One u32 lane per pair: gate bits low, up bits high (little-endian).
-    const VU w = hn::LoadU(DU(), reinterpret_cast<const uint32_t*>(p));
-    a = widen_bits<T>(hn::And(w, hn::Set(DU(), 0xffffu)));
-    b = widen_bits<T>(hn::ShiftRight<16>(w));
+  const DF d;
+  for (int64_t j = 0; j < n; j += kStageChunk) {
+    const int64_t m = std::min(kStageChunk, n - j);
+    for_each_block(m, [&](int64_t i, size_t count) {
+      const Block v = load_block(a + j + i, count);
+      hn::Store(fn.stage1(v.lo), d, s1 + i);
+      hn::Store(fn.stage1(v.hi), d, s1 + i + lanes);
+    });
+    if constexpr (Fn::kThreeStages) {
+      for_each_block(m, [&](int64_t i, size_t count) {
+        const Block v = load_block(a + j + i, count);
+        hn::Store(fn.stage2(v.lo, hn::Load(d, s1 + i)), d, s2 + i);
+        hn::Store(fn.stage2(v.hi, hn::Load(d, s1 + i + lanes)), d, s2 + i + lanes);
+      });
+    }
+    const float* second = Fn::kThreeStages ? s2 : s1;
+    for_each_block(m, [&](int64_t i, size_t count) {
+      const Block first{hn::Load(d, s1 + i), hn::Load(d, s1 + i + lanes)};
+      const Block other{hn::Load(d, second + i), hn::Load(d, second + i + lanes)};
+      finish(j + i, count, load_block(a + j + i, count), first, other);
+    });
   }
 }
 
-template <class T> HWY_INLINE void store_pairs(VF a, VF b, T* p, size_t count, bool stream) {
-  const size_t lanes = hn::Lanes(DF());
-  alignas(64) T buffer[2 * kMaxLanes];
-  T* to = count == lanes ? p : buffer;
-  if constexpr (std::is_same_v<T, float>) {
-    hn::StoreInterleaved2(a, b, DF(), to);  // never streamed (Note [streaming stores])
-  } else {
-    const VU w = hn::Or(bits_u32<T>(a), hn::ShiftLeft<16>(bits_u32<T>(b)));
-    uint32_t* to32 = reinterpret_cast<uint32_t*>(to);
-    if (stream && count == lanes) hn::Stream(w, DU(), to32);
-    else hn::StoreU(w, DU(), to32);
-  }
-  if (count != lanes) std::memcpy(static_cast<void*>(p), buffer, 2 * count * sizeof(T));
-}
-
-// ---- blocks of two vectors ------------------------------------------------------------------------
-// Note [block order]: the halves and pointwise kernels work on blocks of 2 * Lanes elements held in
-// two f32 vectors lo, hi. On AVX2, a bf16 block is widened by interleaving with zeros per 128-bit
-// half (lo = elements 0-3 and 8-11, hi = 4-7 and 12-15) and narrowed by the matching pack, one
-// instruction per vector each way instead of a widening load, a pack and a lane permute per
-// vector; store_block undoes exactly the order load_block made, so elementwise code never sees
-// it. Elsewhere lo and hi are the two halves in order.
-struct Block {
-  VF lo, hi;
+// The same over interleaved (gate, up) pairs, one vector of pairs at a time: `pairs` points at
+// the first pair; finish(i, count, a, b, s1, s2).
+struct NoChunkEnd {
+  void operator()(int64_t, int64_t) const {}
 };
-
-#if HWY_TARGET == HWY_AVX2
-// bf16 bits of v, rounded to nearest even, in the high 16 bits of each u32 lane shifted down.
-// No NaN case (Note [vector rounding] needs one): every NaN of these kernels comes from a bf16
-// input or from an invalid operation (x86's default NaN), so its low 16 bits are zero and the
-// rounding increment (at most 0x8000) cannot carry into the kept bits.
-HWY_INLINE __m256i bf16_round_bits(VF v) {
-  const DU du;
-  const VU u = hn::BitCast(du, v);
-  const VU odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-  return hn::ShiftRight<16>(hn::Add(u, hn::Add(odd, hn::Set(du, 0x7fffu)))).raw;
-}
-#endif
-
-template <class T> HWY_INLINE Block load_block_full(const T* p) {
-#if HWY_TARGET == HWY_AVX2
-  if constexpr (std::is_same_v<T, bf16_t>) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i zero = _mm256_setzero_si256();
-    return {VF{_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v))},
-            VF{_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v))}};
+template <class Fn, class T, class Finish, class ChunkEnd = NoChunkEnd>
+HWY_INLINE void staged_pairs(const Fn fn, const T* pairs, int64_t n, Finish&& finish,
+                             ChunkEnd&& chunk_end = {}) {
+  alignas(64) float s1[kStageChunk], s2[kStageChunk];
+  const DF d;
+  for (int64_t j = 0; j < n; j += kStageChunk) {
+    const int64_t m = std::min(kStageChunk, n - j);
+    for_each_vector(m, [&](int64_t i, size_t count) {
+      VF a, b;
+      load_pairs(pairs + 2 * (j + i), count, a, b);
+      hn::Store(fn.stage1(a), d, s1 + i);
+    });
+    if constexpr (Fn::kThreeStages) {
+      for_each_vector(m, [&](int64_t i, size_t count) {
+        VF a, b;
+        load_pairs(pairs + 2 * (j + i), count, a, b);
+        hn::Store(fn.stage2(a, hn::Load(d, s1 + i)), d, s2 + i);
+      });
+    }
+    const float* second = Fn::kThreeStages ? s2 : s1;
+    for_each_vector(m, [&](int64_t i, size_t count) {
+      VF a, b;
+      load_pairs(pairs + 2 * (j + i), count, a, b);
+      finish(j + i, count, a, b, hn::Load(d, s1 + i), hn::Load(d, second + i));
+    });
+    chunk_end(j, m);
   }
-#endif
-  return {load_vec(p), load_vec(p + hn::Lanes(DF()))};
 }
 
-// `stream`: Note [streaming stores]; p is then aligned to block_bytes<T>().
-template <class T> HWY_INLINE void store_block_full(const Block& b, T* p, bool stream) {
-#if HWY_TARGET == HWY_AVX2
-  if constexpr (std::is_same_v<T, bf16_t>) {
-    const __m256i packed = _mm256_packus_epi32(bf16_round_bits(b.lo), bf16_round_bits(b.hi));
-    __m256i* to = reinterpret_cast<__m256i*>(p);
-    if (stream) return _mm256_stream_si256(to, packed);
-    return _mm256_storeu_si256(to, packed);
-  }
-#endif
-  store_vec(b.lo, p, stream);
-  store_vec(b.hi, p + hn::Lanes(DF()), stream);
-}
-
-template <class T> HWY_INLINE size_t block_bytes() { return 2 * vector_bytes<T>(); }
-template <class T> HWY_INLINE bool block_aligned(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % block_bytes<T>() == 0;
-}
-
-// count <= 2 * Lanes elements; a short block goes through a zeroed buffer.
-template <class T> HWY_INLINE Block load_block(const T* p, size_t count) {
-  if (HWY_LIKELY(count == 2 * hn::Lanes(DF()))) return load_block_full(p);
-  alignas(64) T buffer[2 * kMaxLanes];
-  std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
-  std::memcpy(static_cast<void*>(buffer), p, count * sizeof(T));
-  return load_block_full(buffer);
-}
-
-template <class T> HWY_INLINE void store_block(const Block& b, T* p, size_t count, bool stream) {
-  if (HWY_LIKELY(count == 2 * hn::Lanes(DF()))) return store_block_full(b, p, stream);
-  alignas(64) T buffer[2 * kMaxLanes];
-  store_block_full(b, buffer, false);
-  std::memcpy(static_cast<void*>(p), buffer, count * sizeof(T));
-}
-
-// body(i, count) for i = 0, 2N, 4N, ... < n with count = min(2N, n - i), N = Lanes.
-template <class Body> HWY_INLINE void for_each_block(int64_t n, Body&& body) {
-  const int64_t step = 2 * int64_t(hn::Lanes(DF()));
-  int64_t i = 0;
-  for (; i + step <= n; i += step) body(i, size_t(step));
-  if (i < n) body(i, size_t(n - i));
-}
+template <class Fn> constexpr bool kStagedFn = Fn::kStaged;
 
 // ---- the two templates ---------------------------------------------------------------------------
-template <class Fn> constexpr bool kInterleaved = std::is_same_v<Fn, SwigluOai>;
+template <class Fn> constexpr bool kInterleaved = false;
+template <class M> constexpr bool kInterleaved<SwigluOai<M>> = true;
 
 template <class T> HWY_INLINE const T* row_in(const void* base, int64_t stride, int64_t row) {
   return static_cast<const T*>(base) + row * stride;
@@ -233,13 +139,35 @@ template <class T> HWY_INLINE T* row_out(void* base, int64_t stride, int64_t row
 }
 
 template <class Fn, class T>
-void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void gated_forward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                         int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row);
     T* y = row_out<T>(g.out, g.out_stride, row) + c0;
     if constexpr (kInterleaved<Fn>) {
       const bool stream = g.stream && stream_aligned(y);
+      if constexpr (kStagedFn<Fn> && std::is_same_v<T, bf16_t>) {
+        // The results of a chunk go through an f32 buffer, stored two vectors at a time.
+        alignas(64) float out[kStageChunk];
+        const bool stream_blocks = g.stream && block_aligned(y);
+        staged_pairs(
+            fn, x + 2 * c0, c1 - c0,
+            [&](int64_t i, size_t, VF a, VF b, VF s1, VF s2) {
+              hn::Store(hn::Mul(fn.value3(a, s1, s2), fn.up(b)), DF(), out + i % kStageChunk);
+            },
+            [&](int64_t j, int64_t m) {
+              for_each_block(m, [&](int64_t i, size_t count) {
+                store_in_order(out + i, y + j + i, count, stream_blocks);
+              });
+            });
+        continue;
+      } else if constexpr (kStagedFn<Fn>) {
+        staged_pairs(fn, x + 2 * c0, c1 - c0,
+                     [&](int64_t i, size_t count, VF a, VF b, VF s1, VF s2) {
+                       store_part(hn::Mul(fn.value3(a, s1, s2), fn.up(b)), y + i, count, stream);
+                     });
+        continue;
+      }
       for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
         VF a, b;
         load_pairs(x + 2 * (c0 + i), count, a, b);
@@ -249,6 +177,16 @@ void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, 
       const T* gate = x + g.gate_offset + c0;
       const T* up = x + g.up_offset + c0;
       const bool stream = g.stream && block_aligned(y);
+      if constexpr (kStagedFn<Fn>) {
+        staged_blocks(fn, gate, c1 - c0, [&](int64_t i, size_t count, const Block& a,
+                                             const Block& s1, const Block& s2) {
+          const Block b = load_block(up + i, count);
+          store_block(Block{hn::Mul(fn.value3(a.lo, s1.lo, s2.lo), b.lo),
+                            hn::Mul(fn.value3(a.hi, s1.hi, s2.hi), b.hi)},
+                      y + i, count, stream);
+        });
+        continue;
+      }
       for_each_block(c1 - c0, [&](int64_t i, size_t count) {
         const Block a = load_block(gate + i, count), b = load_block(up + i, count);
         store_block(Block{hn::Mul(fn.value(a.lo), b.lo), hn::Mul(fn.value(a.hi), b.hi)}, y + i,
@@ -259,10 +197,8 @@ void gated_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, 
 }
 
 // d gate = dy * up(b) * act'(a), d up = dy * act(a) * up'(b), stored where x holds gate and up.
-template <class Fn, class T>
-HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& grad_b) {
-  VF v, slope;
-  fn.value_slope(a, v, slope);
+template <class Fn>
+HWY_INLINE void gated_grads_of(const Fn& fn, VF v, VF slope, VF b, VF gy, VF& grad_a, VF& grad_b) {
   if constexpr (Fn::kIdentityUp) {
     grad_a = hn::Mul(hn::Mul(gy, b), slope);
     grad_b = hn::Mul(gy, v);
@@ -271,9 +207,15 @@ HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& gra
     grad_b = hn::Mul(hn::Mul(gy, v), fn.up_slope(b));
   }
 }
+template <class Fn, class T>
+HWY_INLINE void gated_grads(const Fn& fn, VF a, VF b, VF gy, VF& grad_a, VF& grad_b) {
+  VF v, slope;
+  fn.value_slope(a, v, slope);
+  gated_grads_of(fn, v, slope, b, gy, grad_a, grad_b);
+}
 
 template <class Fn, class T>
-void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void gated_backward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                          int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row);
@@ -282,6 +224,16 @@ void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1,
     if constexpr (kInterleaved<Fn>) {
       // store_pairs streams one u32 vector: 2 * Lanes elements of T, block_bytes<T>().
       const bool stream = g.stream && block_aligned(dx + 2 * c0);
+      if constexpr (kStagedFn<Fn>) {
+        staged_pairs(fn, x + 2 * c0, c1 - c0,
+                     [&](int64_t i, size_t count, VF a, VF b, VF s1, VF s2) {
+                       VF v, slope, grad_a, grad_b;
+                       fn.value_slope3(a, s1, s2, v, slope);
+                       gated_grads_of(fn, v, slope, b, load_part(dy + i, count), grad_a, grad_b);
+                       store_pairs(grad_a, grad_b, dx + 2 * (c0 + i), count, stream);
+                     });
+        continue;
+      }
       for_each_vector(c1 - c0, [&](int64_t i, size_t count) {
         VF a, b, grad_a, grad_b;
         load_pairs(x + 2 * (c0 + i), count, a, b);
@@ -294,6 +246,20 @@ void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1,
       T* da = dx + g.gate_offset + c0;
       T* db = dx + g.up_offset + c0;
       const bool stream = g.stream && block_aligned(da) && block_aligned(db);
+      if constexpr (kStagedFn<Fn>) {
+        staged_blocks(fn, gate, c1 - c0, [&](int64_t i, size_t count, const Block& a,
+                                             const Block& s1, const Block& s2) {
+          const Block b = load_block(up + i, count), gy = load_block(dy + i, count);
+          Block v, slope, grad_a, grad_b;
+          fn.value_slope3(a.lo, s1.lo, s2.lo, v.lo, slope.lo);
+          fn.value_slope3(a.hi, s1.hi, s2.hi, v.hi, slope.hi);
+          gated_grads_of(fn, v.lo, slope.lo, b.lo, gy.lo, grad_a.lo, grad_b.lo);
+          gated_grads_of(fn, v.hi, slope.hi, b.hi, gy.hi, grad_a.hi, grad_b.hi);
+          store_block(grad_a, da + i, count, stream);
+          store_block(grad_b, db + i, count, stream);
+        });
+        continue;
+      }
       for_each_block(c1 - c0, [&](int64_t i, size_t count) {
         const Block a = load_block(gate + i, count), b = load_block(up + i, count);
         const Block gy = load_block(dy + i, count);
@@ -309,12 +275,20 @@ void gated_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1,
 
 // y may be x itself: each block is loaded before it is stored.
 template <class Fn, class T>
-void pointwise_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void pointwise_forward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                             int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
     T* y = row_out<T>(g.out, g.out_stride, row) + c0;
     const bool stream = g.stream && block_aligned(y);
+    if constexpr (kStagedFn<Fn>) {
+      staged_blocks(fn, x, c1 - c0, [&](int64_t i, size_t count, const Block& v, const Block& s1,
+                                        const Block& s2) {
+        store_block(Block{fn.value3(v.lo, s1.lo, s2.lo), fn.value3(v.hi, s1.hi, s2.hi)}, y + i,
+                    count, stream);
+      });
+      continue;
+    }
     for_each_block(c1 - c0, [&](int64_t i, size_t count) {
       const Block v = load_block(x + i, count);
       store_block(Block{fn.value(v.lo), fn.value(v.hi)}, y + i, count, stream);
@@ -324,13 +298,25 @@ void pointwise_forward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t 
 
 // dx = dy * f'(x); dx may be dy itself.
 template <class Fn, class T>
-void pointwise_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
+void pointwise_backward_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0,
                              int64_t c1) {
   for (int64_t row = r0; row < r1; ++row) {
     const T* x = row_in<T>(g.x, g.x_stride, row) + c0;
     const T* dy = row_in<T>(g.dy, g.dy_stride, row) + c0;
     T* dx = row_out<T>(g.out, g.out_stride, row) + c0;
     const bool stream = g.stream && block_aligned(dx);
+    if constexpr (kStagedFn<Fn>) {
+      staged_blocks(fn, x, c1 - c0, [&](int64_t i, size_t count, const Block& v, const Block& s1,
+                                        const Block& s2) {
+        const Block gy = load_block(dy + i, count);
+        Block value, slope;
+        fn.value_slope3(v.lo, s1.lo, s2.lo, value.lo, slope.lo);
+        fn.value_slope3(v.hi, s1.hi, s2.hi, value.hi, slope.hi);
+        store_block(Block{hn::Mul(gy.lo, slope.lo), hn::Mul(gy.hi, slope.hi)}, dx + i, count,
+                    stream);
+      });
+      continue;
+    }
     for_each_block(c1 - c0, [&](int64_t i, size_t count) {
       const Block v = load_block(x + i, count), gy = load_block(dy + i, count);
       Block value, slope;
@@ -341,52 +327,55 @@ void pointwise_backward_tile(const Fn& fn, const ActRows& g, int64_t r0, int64_t
   }
 }
 
-// ---- dispatch on the functor and the dtype --------------------------------------------------------
-template <bool kBackward, bool kGated, class Fn>
-void by_dtype(const Fn& fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (kGated && kBackward) gated_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-    else if constexpr (kGated) gated_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-    else if constexpr (kBackward) pointwise_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-    else pointwise_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
-  };
-  switch (g.dtype) {
-    case DType::bf16: return run(bf16_t{});
-    case DType::f16: return run(f16_t{});
-    default: return run(float{});
-  }
+// ---- dispatch on the dtype and the functor --------------------------------------------------------
+template <bool kBackward, bool kGated, class T, class Fn>
+void run_tile(const Fn fn, const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  if constexpr (kGated && kBackward) gated_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+  else if constexpr (kGated) gated_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+  else if constexpr (kBackward) pointwise_backward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
+  else pointwise_forward_tile<Fn, T>(fn, g, r0, r1, c0, c1);
 }
 
 // The gated ops use scaled_silu, gelu_tanh, gelu_erf, fatrelu, swiglu_oai; the pointwise ones
-// scaled_silu, gelu_tanh, relu2, xielu (only those pairs are compiled).
-template <bool kBackward, bool kGated>
-void activation_tile(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+// scaled_silu, gelu_tanh, relu2, xielu (only those pairs are compiled). The functors evaluate
+// with the math of the output dtype (Note [output precision] in functors-inl.h).
+template <bool kBackward, bool kGated, class T>
+void activation_tile_of(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  using M = MathFor<T>;
   const ActParams& p = g.params;
   switch (g.act) {
     case ActKind::scaled_silu:
-      return by_dtype<kBackward, kGated>(ScaledSilu{{}, p.alpha}, g, r0, r1, c0, c1);
+      return run_tile<kBackward, kGated, T>(ScaledSilu<M>{{}, p.alpha}, g, r0, r1, c0, c1);
     case ActKind::gelu_tanh:
-      return by_dtype<kBackward, kGated>(GeluTanh{{}, p.c}, g, r0, r1, c0, c1);
+      return run_tile<kBackward, kGated, T>(GeluTanh<M>{{}, p.c}, g, r0, r1, c0, c1);
     default: break;
   }
   if constexpr (kGated) {
     switch (g.act) {
-      case ActKind::gelu_erf: return by_dtype<kBackward, true>(GeluErf{}, g, r0, r1, c0, c1);
+      case ActKind::gelu_erf: return run_tile<kBackward, true, T>(GeluErf<M>{}, g, r0, r1, c0, c1);
       case ActKind::fatrelu:
-        return by_dtype<kBackward, true>(FatRelu{{}, p.threshold}, g, r0, r1, c0, c1);
+        return run_tile<kBackward, true, T>(FatRelu{{}, p.threshold}, g, r0, r1, c0, c1);
       case ActKind::swiglu_oai:
-        return by_dtype<kBackward, true>(SwigluOai{p.alpha, p.limit}, g, r0, r1, c0, c1);
+        return run_tile<kBackward, true, T>(SwigluOai<M>{p.alpha, p.limit}, g, r0, r1, c0, c1);
       default: return;
     }
   } else {
     switch (g.act) {
-      case ActKind::relu2: return by_dtype<kBackward, false>(Relu2{}, g, r0, r1, c0, c1);
+      case ActKind::relu2: return run_tile<kBackward, false, T>(Relu2{}, g, r0, r1, c0, c1);
       case ActKind::xielu:
-        return by_dtype<kBackward, false>(Xielu{{}, p.alpha_p, p.alpha_n, p.beta, p.eps}, g, r0,
-                                          r1, c0, c1);
+        return run_tile<kBackward, false, T>(Xielu<M>{{}, p.alpha_p, p.alpha_n, p.beta, p.eps}, g,
+                                             r0, r1, c0, c1);
       default: return;
     }
+  }
+}
+
+template <bool kBackward, bool kGated>
+void activation_tile(const ActRows& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  switch (g.dtype) {
+    case DType::bf16: return activation_tile_of<kBackward, kGated, bf16_t>(g, r0, r1, c0, c1);
+    case DType::f16: return activation_tile_of<kBackward, kGated, f16_t>(g, r0, r1, c0, c1);
+    default: return activation_tile_of<kBackward, kGated, float>(g, r0, r1, c0, c1);
   }
 }
 

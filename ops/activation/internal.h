@@ -56,6 +56,12 @@ inline const char* silu_and_mul_backward_cpu_applicable(const TV& dx, const TV& 
   return cpu_applicable_backward(dx, dy, x);
 }
 
+// Evaluates one piece of the f32 math the cpu kernels of `dtype` use (Note [output precision] in
+// functors-inl.h) on x[0, n) with the dispatched SIMD target: e^x, e^x - 1, 1 / x, erfc(x) for
+// x >= 0, and the activations silu, gelu (tanh form) and gelu (erf form). For tests.
+enum class MathProbe : uint8_t { exp, expm1, recip, erfc, silu, gelu_tanh, gelu_erf };
+void activation_math_probe(MathProbe what, DType dtype, const float* x, float* out, int64_t n);
+
 // ---- cases.cpp ----------------------------------------------------------------------------------
 // `backward`: the cases of the backward op (dy as an input, dx as the output).
 std::vector<Case> gated_cases(bool backward, const std::vector<CaseArg>& scalars);
