@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/comm.h"
 #include "backends/cuda/cuda_launch.cuh"
 #include "backends/cuda/nccl.cuh"
 #include "ops/comm/comm_cuda.h"
@@ -34,15 +35,9 @@ namespace {
 namespace nccl = cuda::nccl;
 using TV = TensorView;
 
+// GPUs of this process (backends/comm.h), asked once: the predicate runs on every call.
 int visible_gpus() {
-  static const int n = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return count;
-  }();
+  static const int n = comm_device_count();
   return n;
 }
 
