@@ -143,6 +143,7 @@ TEST(ModelConfig, ShippedModelsHaveTheirPublicDims) {
   EXPECT_EQ(l8.layers, 32);
   EXPECT_EQ(l8.vocab, 128256);
   EXPECT_DOUBLE_EQ(l8.rms_norm_eps, 1e-5);
+  EXPECT_EQ(load_model("Llama-3.1-8B").hidden, 4096);  // the Hugging Face spelling names the same file
   ModelSpec l70 = load_model("llama-3.1-70b");
   EXPECT_EQ(l70.hidden, 8192);
   EXPECT_EQ(l70.intermediate, 28672);

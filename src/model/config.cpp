@@ -9,6 +9,7 @@
 //              top-k weights are always renormalized)
 //   Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
 //   Gemma 3:   the text dims may sit under "text_config" (Gemma3ForConditionalGeneration files).
+#include <cctype>
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -200,7 +201,14 @@ ModelSpec load_model(const std::string& name_or_path) {
   if (name_or_path.empty()) throw Error(ErrorCode::invalid_argument, "--model: expected a model name or a config.json path");
   bool is_path = name_or_path.find('/') != std::string::npos ||
                  (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
-  std::string path = is_path ? name_or_path : (fs::path(models_dir()) / (name_or_path + ".json")).string();
+  // Shipped names match without regard to case, so the Hugging Face spelling (Llama-3.1-8B) works too.
+  std::string name = name_or_path;
+  if (!is_path)
+    for (const std::string& n : shipped_models())
+      if (std::equal(n.begin(), n.end(), name.begin(), name.end(),
+                     [](char a, char b) { return std::tolower((unsigned char)a) == std::tolower((unsigned char)b); }))
+        name = n;
+  std::string path = is_path ? name_or_path : (fs::path(models_dir()) / (name + ".json")).string();
   std::ifstream in(path);
   if (!in) {
     if (is_path) throw Error(ErrorCode::io, "cannot read model config " + path);
