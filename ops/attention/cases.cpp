@@ -187,6 +187,7 @@ std::vector<Case> attention_decode_cases() {
   add("b16_ctx2048_mixed_lens", G::large,
       {repeat({2048, 1000, 1536, 300}, 16), 2048, {32, 8, 128}});
   add("b256_ctx2048_h32kv8_d128", G::large, {repeat({2048}, 256), 2048, {32, 8, 128}});
+  add("b1_ctx8192_h32kv8_d128", G::large, {{8192}, 8192, {32, 8, 128}});
   add("b2_ctx1500_h32kv8_d128_mixed", G::medium, {{1500, 777}, 1500, {32, 8, 128}});
   add("b3_len0_in_batch", G::edge, {{4, 0, 6}, 8, {4, 2, 16}});
   add("b2_len1", G::edge, {{1, 1}, 4, {4, 2, 16}});
@@ -197,10 +198,11 @@ std::vector<Case> attention_decode_cases() {
   add("b2_rows_pad5_scale0.2", G::edge, {{6, 3}, 6, {4, 2, 20}, 5, 0.2});
   add("b3_d128_ctx70", G::edge, {{70, 33, 69}, 70, {8, 2, 128}});
   add("b1_kv_heads_split_across_threads", G::edge, {{45}, 50, {16, 4, 64}});
-  // Key splits (the CUDA split kernels cut a sequence into chunks of 64 keys or more): lengths
-  // that end inside a chunk, one key past a chunk, exactly one chunk, a sequence far shorter than
-  // the cache, max_ctx 1, only empty sequences; head_dim 256 / 80 / 32, groups of 3 and 5, padded
-  // rows that keep 16-byte alignment.
+  // Key splits (the CUDA split kernels cut a sequence into chunks of 256 keys or more, 16 or more
+  // under the tuning override OPFORGE_CUDA_DECODE_MIN_CHUNK): lengths that end inside a chunk, one
+  // key past a chunk, exactly one chunk, a sequence far shorter than the cache, max_ctx 1, only
+  // empty sequences; head_dim 256 / 80 / 32, groups of 3 and 5, padded rows that keep 16-byte
+  // alignment.
   add("b3_d128_ctx300_split_tails", G::edge, {{300, 129, 65}, 300, {8, 2, 128}});
   add("b4_d64_lens1,200,0,64", G::edge, {{1, 200, 0, 64}, 200, {4, 1, 64}});
   add("b2_short_sequence_in_long_cache", G::edge, {{10, 500}, 500, {8, 2, 128}});
@@ -210,6 +212,8 @@ std::vector<Case> attention_decode_cases() {
   add("b2_d32_gqa3", G::edge, {{5, 40}, 40, {6, 2, 32}});
   add("b2_d80_gqa5", G::edge, {{90, 17}, 90, {10, 2, 80}});
   add("b2_d64_rows_pad8", G::edge, {{33, 70}, 70, {8, 2, 64}, 8});
+  // Hundreds of splits (more than a combine block has threads), one sequence using only the first.
+  add("b2_ctx80000_many_splits", G::edge, {{80000, 3}, 80000, {4, 1, 128}});
   return cases;
 }
 

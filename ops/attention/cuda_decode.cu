@@ -16,7 +16,7 @@
 // Launch shape.
 //  1. Partial pass, 128 threads (4 warps) per block, one block per (split, kv head, sequence),
 //     flattened on grid x. Split s covers keys [s * chunk, min((s + 1) * chunk, len_b)); chunk is
-//     a multiple of the block's key tile, at least 64 keys, chosen on the host from the SM count,
+//     a multiple of the block's key tile, at least 256 keys, chosen on the host from the SM count,
 //     batch, Hkv and max_ctx so that about 16 blocks per SM are launched (4 resident, about 4
 //     waves), batch 1 included. A split at or past len_b writes (m = -inf, l = 0) and exits.
 //     A key row is read by L = 8, 16 or 32 lanes (head_dim <= 64, 128, 256), one 16-byte pack
@@ -41,7 +41,7 @@
 //
 // Why it is fast. The pass is bound by the K and V bytes (2 * head_dim * 2 bytes per key and kv
 // head; every query head of the group shares each read), and nothing else of size moves: q, the
-// partials (one (D + 2) f32 row per split and query head, a split being >= 64 keys) and out are a
+// partials (one (D + 2) f32 row per split and query head, a split being >= 256 keys) and out are a
 // few percent. Every K/V load is a 16-byte LDG.128 (or cp.async of 16 bytes) of one row segment.
 // In flight per warp for head_dim 128: 4 KiB (cuda_split, 8 packs a lane) or up to 6 KiB
 // (cuda_split_async, 3 tiles x 4 packs a lane, with the registers freed for more resident
@@ -71,7 +71,12 @@ constexpr int64_t kMaxDim = 256;     // 32 lanes x 8 elements
 constexpr int64_t kMaxGroup = 8;     // query heads per kv head held in registers
 constexpr int64_t kBlocksPerSm = 4;  // resident blocks assumed when sizing the grid
 constexpr int64_t kWaves = 4;
-constexpr int64_t kMinChunk = 64;    // keys: fewer would make the partials a visible share
+// Keys a split holds at least. Measured on an H200 (2026-11-26, OPFORGE_CUDA_DECODE_MIN_CHUNK,
+// GQA 32/8 x 128, us at 64 / 128 / 256 / 512): batch 1 ctx 8192: 27.9 / 22.3 / 21.0 / 26.0;
+// batch 8 ctx 2048: 44.8 / 36.8 / 33.2 / 34.3; batch 32: 112.8 / 113.0 / 108.2 / 103.4; batch
+// 256 the same at all four (744 us). Shorter splits pay the block's start-up and merge over too
+// few keys.
+constexpr int64_t kMinChunk = 256;
 constexpr int64_t kMaxSplits = 1024;
 constexpr int64_t kMaxPairs = int64_t(1) << 20;  // batch * Hkv: kMaxPairs * kMaxSplits < 2^31
 constexpr float kLog2e = 1.4426950408889634f;
@@ -375,26 +380,62 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<kAsync, G>))
   }
 }
 
-template <class T> __global__ void __launch_bounds__(128) split_combine_kernel(SplitArgs<T> p) {
+// Combine pass: one block of kCombineThreads per (sequence, query head), parallel over the splits
+// (a loop over them in one thread waited out two dependent L2 loads a split: about 0.35 us each,
+// 45 us at 128 splits). The block stages the weights w_s = 2^(m_s - M) in shared memory, sums
+// den = sum_s w_s l_s by block reduction, then each thread accumulates 4 columns of o over every
+// `groups`-th split (independent 16-byte loads) and the groups are added in a fixed order.
+constexpr int kCombineThreads = 256;
+template <class T> __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(SplitArgs<T> p) {
+  __shared__ float s_w[kMaxSplits];
+  __shared__ float s_red[32];
+  __shared__ float4 s_acc[kCombineThreads];
   const int64_t row = blockIdx.x;  // b * Hq + h
   const int64_t b = row / p.hq;
   const int64_t len = clamp_len(p.lens[b], p.max_ctx);
-  const int64_t used = (len + p.chunk - 1) / p.chunk;  // splits holding keys, <= p.splits
+  const int used = int((len + p.chunk - 1) / p.chunk);  // splits holding keys, <= p.splits
   const float* ml = p.part_ml + row * p.splits * 2;
   const float* o = p.part_o + row * p.splits * p.d;
+  const int tid = int(threadIdx.x);
+
   float big = -INFINITY;
-  for (int64_t s = 0; s < used; ++s) big = fmaxf(big, ml[2 * s]);
-  T* out = p.out + row * p.out_rs;
-  for (int64_t d = threadIdx.x; d < p.d; d += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (int64_t s = 0; s < used; ++s) {
-      const float ms = ml[2 * s];
-      if (ms == -INFINITY) continue;  // no finite score in this split: weight 0
-      const float w = exp2f(ms - big);
-      num = fmaf(w, o[s * p.d + d], num);
-      den = fmaf(w, ml[2 * s + 1], den);
+  for (int s = tid; s < used; s += kCombineThreads) big = fmaxf(big, ml[2 * s]);
+  big = block_max(big, s_red);
+  float den = 0.0f;
+  for (int s = tid; s < used; s += kCombineThreads) {
+    const float ms = ml[2 * s];
+    const float w = ms == -INFINITY ? 0.0f : exp2f(ms - big);  // no finite score in the split: 0
+    s_w[s] = w;
+    den = fmaf(w, ml[2 * s + 1], den);
+  }
+  den = block_sum(den, s_red);  // its barriers also publish s_w
+
+  const int cols = int(p.d / 4), groups = kCombineThreads / cols;  // d <= 256: groups >= 4
+  const int c = tid % cols, grp = tid / cols;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (grp < groups) {
+#pragma unroll 4
+    for (int s = grp; s < used; s += groups) {
+      const float w = s_w[s];
+      if (w != 0.0f) {  // a split without keys holds no o
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(o + int64_t(s) * p.d) + c);
+        acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y);
+        acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
+      }
     }
-    out[d] = from_f32<T>(den > 0.0f ? num / den : 0.0f);
+  }
+  s_acc[tid] = acc;
+  __syncthreads();
+  if (tid < cols) {
+    float4 sum = s_acc[tid];
+    for (int g = 1; g < groups; ++g) {
+      const float4 v = s_acc[g * cols + tid];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const bool any = den > 0.0f;  // no key at all: 0
+    T* out = p.out + row * p.out_rs + 4 * tid;
+    out[0] = from_f32<T>(any ? sum.x / den : 0.0f), out[1] = from_f32<T>(any ? sum.y / den : 0.0f);
+    out[2] = from_f32<T>(any ? sum.z / den : 0.0f), out[3] = from_f32<T>(any ? sum.w / den : 0.0f);
   }
 }
 
@@ -408,10 +449,11 @@ struct Plan {
   int64_t chunk, splits;
 };
 // Splits so that about kWaves waves of kBlocksPerSm blocks per SM are launched, each split at
-// least kMinChunk keys (rounded to the tile) of the longest possible sequence.
+// least kMinChunk keys (rounded to the tile) of the longest possible sequence. Tuning runs override kMinChunk with OPFORGE_CUDA_DECODE_MIN_CHUNK=16..4096.
 Plan plan_splits(int64_t sms, int64_t pairs, int64_t max_ctx, int64_t tile) {
+  static const int forced_chunk = env_choice("OPFORGE_CUDA_DECODE_MIN_CHUNK", 16, 4096);
   const int64_t target = std::max<int64_t>(1, sms) * kBlocksPerSm * kWaves;
-  const int64_t min_chunk = ceil_div(kMinChunk, tile) * tile;
+  const int64_t min_chunk = ceil_div(forced_chunk ? forced_chunk : kMinChunk, tile) * tile;
   int64_t splits = std::max<int64_t>(1, ceil_div(target, pairs));
   splits = std::min({splits, std::max<int64_t>(1, ceil_div(max_ctx, min_chunk)), kMaxSplits});
   const int64_t chunk = ceil_div(std::max<int64_t>(1, ceil_div(max_ctx, splits)), tile) * tile;
@@ -457,7 +499,7 @@ void run_typed(const Context& ctx, const TensorView& out, const TensorView& q, c
     default: launch_group<T, kAsync, 32>(ctx, p, batch); break;
   }
   check_launch("attention_decode cuda_split partial kernel launch");
-  split_combine_kernel<T><<<unsigned(batch * hq), d <= 64 ? 64 : 128, 0, stream_of(ctx)>>>(p);
+  split_combine_kernel<T><<<unsigned(batch * hq), kCombineThreads, 0, stream_of(ctx)>>>(p);
   check_launch("attention_decode cuda_split combine kernel launch");
 }
 

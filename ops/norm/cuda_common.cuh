@@ -75,14 +75,6 @@ inline RowShape register_row_shape(int64_t n_packs, int max_threads, int group_b
 // 62%); the backward kernels 1 row (Note [rows in flight, backward] in cuda_backward.cu).
 // Tuning runs override R with OPFORGE_CUDA_NORM_ROWS=1|2|4 and the thread cap with
 // OPFORGE_CUDA_NORM_THREADS=64..1024 (forward).
-inline int env_choice(const char* name, int lo, int hi) {
-  const char* e = std::getenv(name);
-  if (!e) return 0;
-  const int n = std::atoi(e);
-  int v = lo;
-  while (v * 2 <= n && v * 2 <= hi) v *= 2;
-  return n >= lo ? v : 0;
-}
 inline int max_rows_at_once(bool fused, bool backward) {
   static const int forced = env_choice("OPFORGE_CUDA_NORM_ROWS", 1, 4);
   if (forced) return forced;

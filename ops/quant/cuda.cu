@@ -105,22 +105,6 @@ __device__ __forceinline__ void unit_quant(const T* x, uint8_t* q, int64_t col, 
   }
 }
 
-// Max over the block (blockDim.x * blockDim.y threads, a multiple of 32, at most 1024); every
-// thread gets it. `scratch` holds 32 floats; the trailing barrier lets the caller reuse it.
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lane = t & 31, warp = t >> 5, n_warps = (blockDim.x * blockDim.y) >> 5;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < n_warps ? scratch[lane] : 0.0f;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  __syncthreads();
-  return v;
-}
-
 // ---- per_tensor (1): amax partials, one per block ------------------------------------------------
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) amax_partial_kernel(Args<T> a, float* partial) {

@@ -11,7 +11,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -146,6 +148,17 @@ template <class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// Tuning override for a launch constant: the environment variable `name` rounded down to a power of
+// two in [lo, hi]; 0 (use the default) when unset or below lo. Read once by the caller (static).
+inline int env_choice(const char* name, int lo, int hi) {
+  const char* e = std::getenv(name);
+  if (!e) return 0;
+  const int n = std::atoi(e);
+  int v = lo;
+  while (v * 2 <= n && v * 2 <= hi) v *= 2;
+  return n >= lo ? v : 0;
+}
+
 // ---- reductions (Note [cuda reductions]) ----------------------------------------------------------
 // Sum over aligned groups of `width` lanes (a power of two <= 32); every lane of a group gets it.
 template <int width = 32> __device__ __forceinline__ float group_sum(float v) {
@@ -186,6 +199,22 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* scratch) {
   __syncthreads();
   v = lane < n_warps ? scratch[lane] : make_float2(0.0f, 0.0f);
   v = warp_sum2(v);
+  __syncthreads();
+  return v;
+}
+
+// Max over the whole block (blockDim.x * blockDim.y threads, a multiple of 32, at most 1024);
+// every thread gets it. `scratch` holds 32 floats; the trailing barrier lets the caller reuse it.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = t & 31, warp = t >> 5, n_warps = (blockDim.x * blockDim.y) >> 5;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : -INFINITY;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   __syncthreads();
   return v;
 }
