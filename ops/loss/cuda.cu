@@ -239,34 +239,7 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
 
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
 // divisor_scale 1 (mean divides by the kept rows), count_only for the backward's mean.
-__global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) {
-  __shared__ double sums[1024];
-  __shared__ double counts[1024];
-  const int64_t chunk = (r.rows + blockDim.x - 1) / blockDim.x;
-  const int64_t begin = int64_t(threadIdx.x) * chunk, end = min(r.rows, begin + chunk);
-  double s = 0, c = 0;
-  for (int64_t i = begin; i < end; ++i) {
-    const bool kept = r.labels == nullptr || r.labels[i * r.labels_stride] != r.ignore_index;
-    c += kept ? 1.0 : 0.0;
-    if (!r.count_only)
-      for (int64_t j = 0; j < r.losses_per_row; ++j) s += double(r.losses[i * r.losses_per_row + j]);
-  }
-  sums[threadIdx.x] = s;
-  counts[threadIdx.x] = c;
-  __syncthreads();
-  for (int half = int(blockDim.x) / 2; half > 0; half /= 2) {
-    if (int(threadIdx.x) < half) {
-      sums[threadIdx.x] += sums[threadIdx.x + half];
-      counts[threadIdx.x] += counts[threadIdx.x + half];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x != 0) return;
-  if (r.count_only) *r.out = float(counts[0]);
-  else if (!r.divide) *r.out = float(sums[0]);
-  else if (counts[0] == 0.0 && r.zero_if_none_kept) *r.out = 0.0f;
-  else *r.out = float(sums[0] / (counts[0] * r.divisor_scale));
-}
+__global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) { reduce_rows_in_block<1024>(r); }
 
 __global__ void fill_kernel(float* out, float v) { *out = v; }
 

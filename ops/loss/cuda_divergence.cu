@@ -11,9 +11,10 @@
 //    fixed order (row_sum, ops/softmax/row_reduce.cuh). With few rows, each row is cut into
 //    segments (one group of threads each) so that the grid still fills the device. Rows whose
 //    label is ignore_index are not read; their sums are 0. The segment sums go to the stream's
-//    workspace (Note [cuda workspace]) and one more one-block launch adds them in f64 in a fixed
-//    order and divides by the kept rows (times V for mean) counted on the device: Note [loss row
-//    reduction] (ops/loss/loss_cuda.cuh).
+//    workspace (Note [cuda workspace]) and the launch's last block (Note [last block], found
+//    through the stream's barrier word without waiting) adds them in f64 in a fixed order and
+//    divides by the kept rows (times V for mean) counted on the device: Note [loss row
+//    reduction] (ops/loss/loss_cuda.cuh). One launch in all.
 //    No atomics, no host synchronization, deterministic.
 //  - Element-wise forward (reduction none) and every backward: one streaming pass, no reduction:
 //    2-D blocks, x over the row's units, y over rows (grid-stride over rows beyond 65535 blocks).
@@ -140,7 +141,8 @@ template <class T> struct PairArgs {
 // (the last one shorter); segment v = r * splits + seg is read by `rt` threads (a power of two,
 // 32..256), blockDim.x / rt segments per block, and its sum goes to row_sums[v].
 template <class T, bool kVec, Pair K>
-__global__ void __launch_bounds__(256) pair_rows_kernel(PairArgs<T> p, int rt, int64_t splits, int64_t seg_units) {
+__global__ void __launch_bounds__(256)
+    pair_rows_kernel(PairArgs<T> p, int rt, int64_t splits, int64_t seg_units, RowReduce r, unsigned* arrivals) {
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   __shared__ float scratch[32];
@@ -167,6 +169,7 @@ __global__ void __launch_bounds__(256) pair_rows_kernel(PairArgs<T> p, int rt, i
     s = row_sum(s, rt, scratch);
     if (live && tid == 0) p.row_sums[v] = s;
   }
+  if (last_block_arrives(arrivals, gridDim.x)) reduce_rows_in_block<256>(r);
 }
 
 // Note [unrolled pair rows]: the reduced forward of cuda_vec16_fast (kl_div, jsd). The same
@@ -184,7 +187,8 @@ template <class T> constexpr int pair_unroll() { return 16 / Pack<T>::n; }
 
 template <class T, Pair K>
 __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> p, int rt, int64_t splits,
-                                                                 int64_t seg_units) {
+                                                                 int64_t seg_units, RowReduce r,
+                                                                 unsigned* arrivals) {
   constexpr int N = Pack<T>::n;
   constexpr int U = pair_unroll<T>();
   __shared__ float scratch[32];
@@ -222,6 +226,7 @@ __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> 
     s = row_sum(s, rt, scratch);
     if (live && tid == 0) p.row_sums[v] = s;
   }
+  if (last_block_arrives(arrivals, gridDim.x)) reduce_rows_in_block<256>(r);
 }
 
 // Element-wise forward (none) or backward: x over units of a row, y over rows.
@@ -370,29 +375,6 @@ void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
   });
   const int64_t segments = rows * splits;
   float* sums = static_cast<float*>(cuda_workspace(ctx, std::max<int64_t>(segments, 1) * int64_t(sizeof(float))));
-  if (rows > 0) {
-    dispatch_float(c.b->dtype, c.op, [&](auto tag) {
-      using T = decltype(tag);
-      PairArgs<T> p = args_of<T>(c);
-      p.row_sums = sums;
-      const int64_t units = vocab / UnitOf<T, kVec>::width, seg_units = (units + splits - 1) / splits;
-      int rt = 32;  // a warp per short segment, up to 256 threads per long one; several per SM
-      while (rt < 256 && int64_t(rt) * 8 < seg_units) rt *= 2;
-      const int block = 256;
-      const int64_t per_block = block / rt;
-      const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
-      const int64_t blocks = std::min<int64_t>((segments + per_block - 1) / per_block, max_blocks);
-      dispatch_pair(c.kind, [&](auto kind) {
-        constexpr Pair K = decltype(kind)::value;
-        if constexpr (kFast)
-          pair_rows_unrolled_kernel<T, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units);
-        else
-          pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units);
-      });
-      check_launch(c.op);
-    });
-  }
-  // rows == 0: the reduction sums nothing (0) and divides by 0 kept rows (NaN), as the reference.
   RowReduce r;
   r.losses = sums, r.losses_per_row = splits, r.rows = rows;
   r.labels = c.labels->defined() ? c.labels->ptr<int64_t>() : nullptr;
@@ -400,7 +382,32 @@ void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
   r.ignore_index = c.ignore_index;
   r.divide = c.red != PairRed::sum, r.divisor_scale = vocab_factor(c.red, vocab);
   r.out = loss.ptr<float>();
-  launch_row_reduce(stream, r, c.op);
+  if (rows == 0) {  // the reduction sums nothing (0) and divides by 0 kept rows (NaN), as the reference
+    launch_row_reduce(stream, r, c.op);
+    return;
+  }
+  // One launch: the last block to finish adds the segment sums (Note [last block]).
+  unsigned* arrivals = cuda_grid_barrier(ctx);
+  dispatch_float(c.b->dtype, c.op, [&](auto tag) {
+    using T = decltype(tag);
+    PairArgs<T> p = args_of<T>(c);
+    p.row_sums = sums;
+    const int64_t units = vocab / UnitOf<T, kVec>::width, seg_units = (units + splits - 1) / splits;
+    int rt = 32;  // a warp per short segment, up to 256 threads per long one; several per SM
+    while (rt < 256 && int64_t(rt) * 8 < seg_units) rt *= 2;
+    const int block = 256;  // reduce_rows_in_block<256> in the last block
+    const int64_t per_block = block / rt;
+    const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
+    const int64_t blocks = std::min<int64_t>((segments + per_block - 1) / per_block, max_blocks);
+    dispatch_pair(c.kind, [&](auto kind) {
+      constexpr Pair K = decltype(kind)::value;
+      if constexpr (kFast)
+        pair_rows_unrolled_kernel<T, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units, r, arrivals);
+      else
+        pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units, r, arrivals);
+    });
+    check_launch(c.op);
+  });
 }
 
 template <bool kVec> void backward(const Context& ctx, const PairCall& c, const TensorView& grad,

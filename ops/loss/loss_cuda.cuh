@@ -51,6 +51,38 @@ struct RowReduce {
   bool count_only = false;
   float* out = nullptr;
 };
+// The reduction of Note [loss row reduction] run by one block of kThreads threads (a power of two,
+// blockDim.x == kThreads): by reduce_kernel (ops/loss/cuda.cu) and by the last block of a kernel
+// that wrote the losses in the same launch (Note [last block]; the losses are read with __ldcg).
+template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r) {
+  __shared__ double sums[kThreads];
+  __shared__ double counts[kThreads];
+  const int64_t chunk = (r.rows + kThreads - 1) / kThreads;
+  const int64_t begin = int64_t(threadIdx.x) * chunk, end = min(r.rows, begin + chunk);
+  double s = 0, c = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const bool kept = r.labels == nullptr || r.labels[i * r.labels_stride] != r.ignore_index;
+    c += kept ? 1.0 : 0.0;
+    if (!r.count_only)
+      for (int64_t j = 0; j < r.losses_per_row; ++j) s += double(__ldcg(r.losses + i * r.losses_per_row + j));
+  }
+  sums[threadIdx.x] = s;
+  counts[threadIdx.x] = c;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) {
+      sums[threadIdx.x] += sums[threadIdx.x + half];
+      counts[threadIdx.x] += counts[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  if (r.count_only) *r.out = float(counts[0]);
+  else if (!r.divide) *r.out = float(sums[0]);
+  else if (counts[0] == 0.0 && r.zero_if_none_kept) *r.out = 0.0f;
+  else *r.out = float(sums[0] / (counts[0] * r.divisor_scale));
+}
+
 // Enqueues the reduction on `stream` (defined in ops/loss/cuda.cu); `what` names the launch in
 // errors.
 void launch_row_reduce(cudaStream_t stream, const RowReduce& r, const char* what);
