@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,51 @@ TEST(ActivationFamilyCpu, NanPropagates) {
     gelu_new_cpu(kCtx, p.view(), y.view());
     for (int64_t i = 0; i < 17; ++i) EXPECT_TRUE(std::isnan(at(p, i))) << i;
   }
+}
+
+// Infinite and huge inputs: the cpu kernels give what the reference gives (gelu(+inf) = +inf,
+// silu(-inf) = -0, a * 0 for a = -inf is NaN in both, ...), in every dtype, on every SIMD target.
+TEST(ActivationFamilyCpu, InfinitiesMatchTheReference) {
+  const std::vector<double> gates = {INFINITY, -INFINITY, 1e30, -1e30, 20, -20, 0, 1, 9, -9, 14, -14, 3, -3, 0.5, -0.5};
+  const int64_t d = int64_t(gates.size());
+  std::vector<double> gated_in(gates);
+  gated_in.insert(gated_in.end(), gates.size(), 1.0);  // x = [gate | up = 1]
+  using Gated = void (*)(const Context&, const TV&, const TV&);
+  struct Case {
+    const char* name;
+    bool gated;
+    std::function<void(const TV&, const TV&, bool)> run;
+  };
+  const std::vector<Case> cases = {
+      {"silu_and_mul", true, [](const TV& y, const TV& x, bool c) { (c ? Gated(silu_and_mul_cpu) : Gated(silu_and_mul_reference))(kCtx, y, x); }},
+      {"gelu_and_mul none", true, [](const TV& y, const TV& x, bool c) { c ? gelu_and_mul_cpu(kCtx, y, x, "none") : gelu_and_mul_reference(kCtx, y, x, "none"); }},
+      {"gelu_and_mul tanh", true, [](const TV& y, const TV& x, bool c) { c ? gelu_and_mul_cpu(kCtx, y, x, "tanh") : gelu_and_mul_reference(kCtx, y, x, "tanh"); }},
+      {"gelu_new", false, [](const TV& y, const TV& x, bool c) { (c ? Gated(gelu_new_cpu) : Gated(gelu_new_reference))(kCtx, y, x); }},
+      {"gelu_fast", false, [](const TV& y, const TV& x, bool c) { (c ? Gated(gelu_fast_cpu) : Gated(gelu_fast_reference))(kCtx, y, x); }},
+      {"quick_gelu", false, [](const TV& y, const TV& x, bool c) { (c ? Gated(quick_gelu_cpu) : Gated(quick_gelu_reference))(kCtx, y, x); }},
+  };
+  for (const cpu::SimdTarget& target : cpu::simd_targets()) {
+    cpu::restrict_simd_target_for_testing(target.bit);
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(target.name) + " " + dtype_name(t) + " " + c.name);
+        const std::vector<double>& in = c.gated ? gated_in : gates;
+        Tensor x = filled({1, int64_t(in.size())}, t, in);
+        Tensor want = filled({1, d}, t, {}), got = filled({1, d}, t, {});
+        c.run(want.view(), x.view(), false);
+        c.run(got.view(), x.view(), true);
+        for (int64_t i = 0; i < d; ++i) {
+          const double w = at(want, i), g = at(got, i);
+          if (std::isnan(w) || std::isinf(w)) {
+            EXPECT_EQ(std::isnan(g), std::isnan(w)) << "input " << gates[size_t(i)] << ": " << g << " vs " << w;
+            if (std::isinf(w)) EXPECT_EQ(g, w) << "input " << gates[size_t(i)];
+          } else {
+            EXPECT_NEAR(g, w, 1e-2 * std::abs(w) + 1e-6) << "input " << gates[size_t(i)];
+          }
+        }
+      }
+  }
+  cpu::restrict_simd_target_for_testing(0);
 }
 
 }  // namespace

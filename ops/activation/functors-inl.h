@@ -338,7 +338,11 @@ template <class M> struct GeluTanh : IdentityUp {
 template <class M> struct GeluErf : IdentityUp {
   static constexpr bool kStaged = true, kThreeStages = true;  // f32 too: Note [staged evaluation]
   HWY_INLINE static VF z_of(VF a) { return hn::Mul(hn::Abs(a), splat(0.70710678118654752f)); }
-  HWY_INLINE static VF t_of(VF z) { return reciprocal1(hn::MulAdd(splat(0.5f), z, splat(1.0f))); }
+  // z is capped at 9.6 (the fits' range) for t only: past it exp(-z^2 + P(t)) underflows to 0
+  // anyway, and z = inf would make reciprocal1's Newton step inf * 0 = NaN (gelu(+inf) = +inf).
+  HWY_INLINE static VF t_of(VF z) {
+    return reciprocal1(hn::MulAdd(splat(0.5f), hn::Min(z, splat(9.6f)), splat(1.0f)));
+  }
   HWY_INLINE static VF cdf_of(VF a, VF t, VF e) {
     const VF half_erfc = hn::Mul(hn::Mul(splat(0.5f), t), e);
     return if_negative(a, half_erfc, hn::Sub(splat(1.0f), half_erfc));
