@@ -77,6 +77,7 @@ struct LayerNormRows {
   int64_t dy_stride = 0;
   void* dx = nullptr;  // backward
   int64_t dx_stride = 0;
+  bool stream = false;  // forward: Note [streaming stores] for y
 };
 
 // group_norm (forward: dy == nullptr) or its backward; every tensor contiguous. Group (n, g) is

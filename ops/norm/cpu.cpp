@@ -95,7 +95,7 @@ template <class Pair, class Tail> HWY_INLINE float sum_pairs(int64_t n, Pair&& p
 // L1/L2) and streams s and y, so nothing streamed is read back.
 template <class T, bool kFused, bool kStream>
 void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, int64_t hidden,
-                 float eps) {
+                 float eps, const T* next_x, const T* next_residual) {
   const float sum_sq = sum_pairs(
       hidden,
       [&](int64_t i, VF& acc_a, VF& acc_b) {
@@ -126,6 +126,8 @@ void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, i
       hidden,
       [&](int64_t i) {
         VF a, b, ga, gb;
+        prefetch_step(next_x + i);
+        if constexpr (kFused) prefetch_step(next_residual + i);
         if constexpr (kFused && kStream) {
           fused_sum_pair(x, residual, i, a, b);
           store_pair_exact<true>(a, b, s + i);
@@ -149,7 +151,11 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
     T* y = static_cast<T*>(a.y) + row * a.y_stride;
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
-    forward_row<T, kFused, kStream>(x, residual, gain.get(), y, s, a.hidden, a.eps);
+    // The row pass 2 prefetches: the next one of the task (the last row prefetches itself).
+    const int64_t next = row + 1 < end ? 1 : 0;
+    forward_row<T, kFused, kStream>(x, residual, gain.get(), y, s, a.hidden, a.eps,
+                                    x + next * a.x_stride,
+                                    kFused ? residual + next * a.residual_stride : nullptr);
   }
   if constexpr (kStream) hwy::FlushStream();
 }
