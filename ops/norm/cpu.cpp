@@ -43,8 +43,10 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include "backends/cpu/simd-inl.h"
+#include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/norm/internal.h"
@@ -89,20 +91,47 @@ template <class Pair, class Tail> HWY_INLINE float sum_pairs(int64_t n, Pair&& p
   return sum_lanes(hn::Add(hn::Add(a0, b0), hn::Add(a1, b1)));
 }
 
-// One forward row. Fused: pass 1 writes s (which may alias residual: each lane is read before it
-// is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then). kStream
-// (Note [streaming stores]): pass 1 only sums, pass 2 recomputes s from x and residual (still in
-// L1/L2) and streams s and y, so nothing streamed is read back.
+// Stores a, b in pair order like store_pair, for lanes known not to hold NaN: the bf16 rounding
+// then needs no NaN test (Note [vector rounding]; infinities round to themselves).
+template <bool kStream, class T> HWY_INLINE void store_pair_no_nan(VF a, VF b, T* p) {
+  #if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const hn::Repartition<uint16_t, DF> d16;
+    const VU odd = bf16_round_high(a), even = hn::ShiftRight<16>(bf16_round_high(b));
+    put<kStream>(hn::OddEven(hn::BitCast(d16, odd), hn::BitCast(d16, even)), d16, &p->bits);
+    return;
+  }
+#endif
+  store_pair<kStream>(a, b, p);
+}
+
+// Copies the elements of one pair step from src to dst, bits unchanged.
+template <bool kStream, class T> HWY_INLINE void copy_pair(const T* src, T* dst) {
+  const DU du;
+  constexpr size_t kVectors = sizeof(T) / 2;  // u32 vectors per pair step: bf16 / f16 1, f32 2
+  const size_t lanes = hn::Lanes(du);
+  for (size_t v = 0; v < kVectors; ++v) {
+    put<kStream>(hn::LoadU(du, reinterpret_cast<const uint32_t*>(src) + v * lanes), du,
+                 reinterpret_cast<uint32_t*>(dst) + v * lanes);
+  }
+}
+
+// One forward row. Pass 1 (the read from memory) sums the squares; the fused op forms s = x +
+// residual (rounded to T) there and keeps it in s_row, a scratch row of T that stays in L1, so
+// pass 2 neither recomputes s nor reads back what went to memory. Pass 2 normalises from the
+// cached row (x, or s_row), copies s_row to s and prefetches the next row (Note [row prefetch]).
+// s may alias residual and y may alias x: pass 2 reads neither. When the sum of squares, rstd
+// and the gain are finite, no lane of y can be NaN and the stores skip the NaN test.
 template <class T, bool kFused, bool kStream>
-void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, int64_t hidden,
-                 float eps, const T* next_x, const T* next_residual) {
+void forward_row(const T* x, const T* residual, const float* gain, bool gain_finite, T* y, T* s,
+                 T* s_row, int64_t hidden, float eps, const T* next_x, const T* next_residual) {
   const float sum_sq = sum_pairs(
       hidden,
       [&](int64_t i, VF& acc_a, VF& acc_b) {
         VF a, b;
         if constexpr (kFused) {
           fused_sum_pair(x, residual, i, a, b);
-          if constexpr (!kStream) store_pair_exact(a, b, s + i);
+          store_pair_exact(a, b, s_row + i);
         } else {
           load_pair(x + i, a, b);
         }
@@ -113,7 +142,7 @@ void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, i
         VF v;
         if constexpr (kFused) {
           v = fused_sum(x, residual, i, count);
-          store_n(v, s + i, count);
+          store_n(v, s_row + i, count);
         } else {
           v = load_n(x + i, count);
         }
@@ -121,31 +150,41 @@ void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, i
       });
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
   const VF vr = hn::Set(DF(), rstd);
-  const T* src = kFused ? s : x;
-  for_each_pair(
-      hidden,
-      [&](int64_t i) {
-        VF a, b, ga, gb;
-        prefetch_step(next_x + i);
-        if constexpr (kFused) prefetch_step(next_residual + i);
-        if constexpr (kFused && kStream) {
-          fused_sum_pair(x, residual, i, a, b);
-          store_pair_exact<true>(a, b, s + i);
-        } else {
+  const T* src = kFused ? s_row : x;
+  auto normalise = [&](auto no_nan) {
+    for_each_pair(
+        hidden,
+        [&](int64_t i) {
+          VF a, b, ga, gb;
+          prefetch_step(next_x + i);
+          if constexpr (kFused) {
+            prefetch_step(next_residual + i);
+            copy_pair<kStream>(s_row + i, s + i);
+          }
           load_pair(src + i, a, b);
-        }
-        load_scratch(gain + i, ga, gb);
-        store_pair<kStream>(hn::Mul(hn::Mul(a, vr), ga), hn::Mul(hn::Mul(b, vr), gb), y + i);
-      },
-      [&](int64_t i, size_t count) {
-        store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
-      });
+          load_scratch(gain + i, ga, gb);
+          const VF ya = hn::Mul(hn::Mul(a, vr), ga), yb = hn::Mul(hn::Mul(b, vr), gb);
+          if constexpr (decltype(no_nan)::value) store_pair_no_nan<kStream>(ya, yb, y + i);
+          else store_pair<kStream>(ya, yb, y + i);
+        },
+        [&](int64_t i, size_t count) {
+          const VF v = load_n(src + i, count);
+          if constexpr (kFused) store_n(v, s + i, count);
+          store_n(hn::Mul(hn::Mul(v, vr), load_n(gain + i, count)), y + i, count);
+        });
+  };
+  if (gain_finite && std::isfinite(sum_sq) && std::isfinite(rstd)) normalise(std::true_type());
+  else normalise(std::false_type());
 }
 
 template <class T, bool kFused, bool kStream>
 void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
-  std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
+  const size_t n = size_t(a.hidden);
+  auto gain = hwy::AllocateAligned<float>(std::max<size_t>(n, 1));
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
+  bool gain_finite = true;
+  for (size_t i = 0; i < n; ++i) gain_finite &= std::isfinite(gain[i]);
+  auto s_row = hwy::AllocateAligned<uint8_t>(kFused ? std::max<size_t>(n, 1) * sizeof(T) : 1);
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
@@ -153,7 +192,8 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
     // The row pass 2 prefetches: the next one of the task (the last row prefetches itself).
     const int64_t next = row + 1 < end ? 1 : 0;
-    forward_row<T, kFused, kStream>(x, residual, gain.get(), y, s, a.hidden, a.eps,
+    forward_row<T, kFused, kStream>(x, residual, gain.get(), gain_finite, y, s,
+                                    reinterpret_cast<T*>(s_row.get()), a.hidden, a.eps,
                                     x + next * a.x_stride,
                                     kFused ? residual + next * a.residual_stride : nullptr);
   }
