@@ -159,7 +159,7 @@ void forward_row(const T* x, const T* residual, const float* gain, bool gain_fin
           prefetch_step(next_x + i);
           if constexpr (kFused) {
             prefetch_step(next_residual + i);
-            copy_pair<kStream>(s_row + i, s + i);
+            if constexpr (kStream) copy_pair<true>(s_row + i, s + i);
           }
           load_pair(src + i, a, b);
           load_scratch(gain + i, ga, gb);
@@ -169,7 +169,7 @@ void forward_row(const T* x, const T* residual, const float* gain, bool gain_fin
         },
         [&](int64_t i, size_t count) {
           const VF v = load_n(src + i, count);
-          if constexpr (kFused) store_n(v, s + i, count);
+          if constexpr (kFused && kStream) store_n(v, s + i, count);
           store_n(hn::Mul(hn::Mul(v, vr), load_n(gain + i, count)), y + i, count);
         });
   };
@@ -184,7 +184,7 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
   bool gain_finite = true;
   for (size_t i = 0; i < n; ++i) gain_finite &= std::isfinite(gain[i]);
-  auto s_row = hwy::AllocateAligned<uint8_t>(kFused ? std::max<size_t>(n, 1) * sizeof(T) : 1);
+  auto s_row = hwy::AllocateAligned<uint8_t>(kFused && kStream ? std::max<size_t>(n, 1) * sizeof(T) : 1);
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
@@ -192,8 +192,10 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
     // The row pass 2 prefetches: the next one of the task (the last row prefetches itself).
     const int64_t next = row + 1 < end ? 1 : 0;
-    forward_row<T, kFused, kStream>(x, residual, gain.get(), gain_finite, y, s,
-                                    reinterpret_cast<T*>(s_row.get()), a.hidden, a.eps,
+    // Without streaming stores s itself is the cached row: pass 1 writes it, pass 2 reads it.
+    T* cached_s = kStream ? reinterpret_cast<T*>(s_row.get()) : s;
+    forward_row<T, kFused, kStream>(x, residual, gain.get(), gain_finite, y, s, cached_s, a.hidden,
+                                    a.eps,
                                     x + next * a.x_stride,
                                     kFused ? residual + next * a.residual_stride : nullptr);
   }
