@@ -35,7 +35,6 @@
 #include <vector>
 
 #include "backends/cpu/simd-inl.h"
-#include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/layernorm/internal.h"
@@ -219,7 +218,7 @@ void ln_forward_row(const T* x, const float* w_row, const float* b_row, T* y, in
 template <class T, bool kStream>
 void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
   if (a.hidden == 0) return;
-  auto params = hwy::AllocateAligned<float>(2 * size_t(a.hidden));
+  std::unique_ptr<float[]> params(new float[2 * size_t(a.hidden)]);
   float *w = params.get(), *b = w + a.hidden;
   widen_pairs<T>(a.w, w, a.hidden);
   widen_pairs<T>(a.b, b, a.hidden);

@@ -46,7 +46,6 @@
 #include <type_traits>
 
 #include "backends/cpu/simd-inl.h"
-#include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/norm/internal.h"
@@ -151,16 +150,17 @@ void forward_row(const T* x, const T* residual, const float* gain, bool gain_fin
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
   const VF vr = hn::Set(DF(), rstd);
   const T* src = kFused ? s_row : x;
+  constexpr bool kPrefetch = sizeof(T) == 2;
   auto normalise = [&](auto no_nan) {
     for_each_pair(
         hidden,
         [&](int64_t i) {
           VF a, b, ga, gb;
-          prefetch_step(next_x + i);
-          if constexpr (kFused) {
-            prefetch_step(next_residual + i);
-            if constexpr (kStream) copy_pair<true>(s_row + i, s + i);
+          if constexpr (kPrefetch) {
+            prefetch_step(next_x + i);
+            if constexpr (kFused) prefetch_step(next_residual + i);
           }
+          if constexpr (kFused && kStream) copy_pair<true>(s_row + i, s + i);
           load_pair(src + i, a, b);
           load_scratch(gain + i, ga, gb);
           const VF ya = hn::Mul(hn::Mul(a, vr), ga), yb = hn::Mul(hn::Mul(b, vr), gb);
@@ -180,11 +180,27 @@ void forward_row(const T* x, const T* residual, const float* gain, bool gain_fin
 template <class T, bool kFused, bool kStream>
 void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
   const size_t n = size_t(a.hidden);
-  auto gain = hwy::AllocateAligned<float>(std::max<size_t>(n, 1));
+  std::unique_ptr<float[]> gain(new float[std::max<size_t>(n, 1)]);
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
-  bool gain_finite = true;
-  for (size_t i = 0; i < n; ++i) gain_finite &= std::isfinite(gain[i]);
-  auto s_row = hwy::AllocateAligned<uint8_t>(kFused && kStream ? std::max<size_t>(n, 1) * sizeof(T) : 1);
+  // Only bf16 stores have a NaN test to skip; a task of a few rows does not repay the check.
+  bool gain_finite = false;
+  if (std::is_same_v<T, bf16_t> && end - begin >= 4) {
+    // g * 0 is 0 for finite g and NaN for NaN or infinite g. Four sums: no latency chain.
+    const DF d;
+    const int64_t lanes = int64_t(hn::Lanes(d));
+    VF z0 = hn::Zero(d), z1 = hn::Zero(d), z2 = hn::Zero(d), z3 = hn::Zero(d);
+    int64_t i = 0;
+    for (; i + 4 * lanes <= a.hidden; i += 4 * lanes) {
+      z0 = hn::MulAdd(load(gain.get() + i), hn::Zero(d), z0);
+      z1 = hn::MulAdd(load(gain.get() + i + lanes), hn::Zero(d), z1);
+      z2 = hn::MulAdd(load(gain.get() + i + 2 * lanes), hn::Zero(d), z2);
+      z3 = hn::MulAdd(load(gain.get() + i + 3 * lanes), hn::Zero(d), z3);
+    }
+    for (; i < a.hidden; i += lanes)
+      z0 = hn::MulAdd(load_n(gain.get() + i, size_t(std::min(lanes, a.hidden - i))), hn::Zero(d), z0);
+    gain_finite = sum_lanes(hn::Add(hn::Add(z0, z1), hn::Add(z2, z3))) == 0.0f;
+  }
+  std::unique_ptr<T[]> s_row(kFused && kStream ? new T[n] : nullptr);
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
@@ -193,7 +209,7 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
     // The row pass 2 prefetches: the next one of the task (the last row prefetches itself).
     const int64_t next = row + 1 < end ? 1 : 0;
     // Without streaming stores s itself is the cached row: pass 1 writes it, pass 2 reads it.
-    T* cached_s = kStream ? reinterpret_cast<T*>(s_row.get()) : s;
+    T* cached_s = kStream ? s_row.get() : s;
     forward_row<T, kFused, kStream>(x, residual, gain.get(), gain_finite, y, s, cached_s, a.hidden,
                                     a.eps,
                                     x + next * a.x_stride,
