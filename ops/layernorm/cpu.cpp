@@ -9,11 +9,19 @@
 // - One Highway source, runtime dispatch (4 / 8 / 16 f32 lanes on SSE4 / AVX2 / AVX-512);
 //   bf16 / f16 are widened to f32 in registers and rounded once on the store (Note [vector
 //   rounding]). w and b are widened to f32 once per task, not once per row.
-// - Note [centred sums] (below): the row (or group) is read from memory once, by the pass that
-//   sums x - k (k its first element); the centred variance pass and the normalising pass re-read
-//   it from L1 / L2: rows per task come from capacity_block (Note [tiling]) so a task's rows
-//   fit half of a core's L2. Memory traffic is x + y (forward) or dy + x + dx (backward), the
-//   roofline minimum. A group_norm group larger than half the L2 is read three times.
+// - layer_norm forward (Note [pair order], no widened copy of the row): the one pass from memory
+//   sums x - k and (x - k)^2 (k = x[0]); for bf16 / f16 the variance comes from those shifted sums
+//   unless x[0] lies far from the mean (then, and always for f32, a centred pass over the row in
+//   L1 gives Note [centred sums]). The normalising pass reads the row from L1, forms xhat with one
+//   multiply-add for bf16 / f16, prefetches the next row (Note [row prefetch]) and, when the call
+//   exceeds the last-level cache, writes y with streaming stores (Note [streaming stores]).
+//   w and b are widened to f32 once per task.
+// - Backward and group_norm, Note [centred sums] (below): the row (or group) is read from memory
+//   once, by the pass that sums x - k (k its first element); the centred variance pass and the
+//   normalising pass re-read it from L1 / L2: rows per task come from capacity_block (Note
+//   [tiling]) so a task's rows fit half of a core's L2. Memory traffic is x + y (forward) or
+//   dy + x + dx (backward), the roofline minimum. A group_norm group larger than half the L2 is
+//   read three times.
 // - The backward's row sums (sum g with g = dy * w in the read pass; sum g c in the centred pass)
 //   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory.
 // - OpenMP over tasks (parallel_tasks: one task means no parallel region, so decode rows pay no

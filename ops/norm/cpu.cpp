@@ -18,10 +18,14 @@
 // - Each row is read from memory once: pass 1 (sum of squares; the fused op also adds and stores
 //   s) pulls the row into L1/L2, pass 2 (normalise, or the backward's dx and dw terms) re-reads it
 //   from there. Forward moves x + w + y bytes, i.e. the roofline minimum.
+// - The forward's pass 2 prefetches the next row of the task (Note [row prefetch], bf16 / f16):
+//   without it the bus idles while pass 2 computes, and pass 1 waits on memory.
 // - Calls whose bytes exceed the last-level cache write their outputs with non-temporal stores
 //   (Note [streaming stores]): no read-for-ownership of y (s, dx, dresidual), a third less DRAM
-//   traffic for the forward; the fused forward then recomputes s in pass 2 instead of reading
-//   back what it streamed.
+//   traffic for the forward; the fused forward then keeps s in a scratch row (in L1) in pass 1
+//   and copies it out in pass 2, so nothing streamed is read back and s is not recomputed.
+// - bf16 forward stores skip the rounding's NaN test when the row's sum of squares, rstd and
+//   the gain are finite (then no lane of y is NaN); tasks of fewer than 4 rows do not check.
 // - OpenMP over tasks of rows; rows per task from capacity_block (Note [tiling]) so one task's
 //   rows fit half of a core's L2. One task means no OpenMP region (decode rows cost no fork).
 // - Backward dw: each chunk of rows (a fixed count from Note [tiling], never per thread) sums
@@ -119,8 +123,10 @@ template <bool kStream, class T> HWY_INLINE void copy_pair(const T* src, T* dst)
 // residual (rounded to T) there and keeps it in s_row, a scratch row of T that stays in L1, so
 // pass 2 neither recomputes s nor reads back what went to memory. Pass 2 normalises from the
 // cached row (x, or s_row), copies s_row to s and prefetches the next row (Note [row prefetch]).
-// s may alias residual and y may alias x: pass 2 reads neither. When the sum of squares, rstd
-// and the gain are finite, no lane of y can be NaN and the stores skip the NaN test.
+// Without streaming stores s_row is s itself. s may alias residual (pass 1 reads each step of
+// residual before writing it) and y may alias x (pass 2 reads each step of x, or of s_row,
+// before writing y). When the sum of squares, rstd and the gain are finite, no lane of y can be
+// NaN and the bf16 stores skip the NaN test.
 template <class T, bool kFused, bool kStream>
 void forward_row(const T* x, const T* residual, const float* gain, bool gain_finite, T* y, T* s,
                  T* s_row, int64_t hidden, float eps, const T* next_x, const T* next_residual) {
