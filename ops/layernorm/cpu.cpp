@@ -15,7 +15,8 @@
 //   L1 gives Note [centred sums]). The normalising pass reads the row from L1, forms xhat with one
 //   multiply-add for bf16 / f16, prefetches the next row (Note [row prefetch]) and, when the call
 //   exceeds the last-level cache, writes y with streaming stores (Note [streaming stores]).
-//   w and b are widened to f32 once per task.
+//   bf16 stores skip the rounding's NaN test on rows that cannot produce a NaN (finite sums,
+//   parameters and shift, bounded rstd). w and b are widened to f32 once per task.
 // - Backward and group_norm, Note [centred sums] (below): the row (or group) is read from memory
 //   once, by the pass that sums x - k (k its first element); the centred variance pass and the
 //   normalising pass re-read it from L1 / L2: rows per task come from capacity_block (Note
@@ -139,8 +140,8 @@ template <class T> void widen_pairs(const void* src, float* out, int64_t n) {
 // mean / std, is far below a bf16 / f16 ulp); f32 keeps the exact (x - k) - mean_d. That pass
 // also prefetches the next row (Note [row prefetch]). y may alias x: each step reads, then writes.
 template <class T, bool kStream>
-void ln_forward_row(const T* x, const float* w_row, const float* b_row, T* y, int64_t hidden,
-                    float eps, const T* next_x) {
+void ln_forward_row(const T* x, const float* w_row, const float* b_row, bool params_finite, T* y,
+                    int64_t hidden, float eps, const T* next_x) {
   constexpr bool kExact = std::is_same_v<T, float>;
   const DF d;
   const int64_t lanes = int64_t(hn::Lanes(d)), step = 2 * lanes, pairs = pair_end(hidden);
@@ -200,27 +201,39 @@ void ln_forward_row(const T* x, const float* w_row, const float* b_row, T* y, in
     rstd = 1.0f / std::sqrt(std::max(mean_dd - mean_d2, 0.0f) + eps);
   }
   const VF vr = hn::Set(d, rstd), vmean_d = hn::Set(d, mean_d);
-  const VF shift = hn::Set(d, -(first_of(x) + mean_d) * rstd);  // -mean * rstd
+  const float shift_value = -(first_of(x) + mean_d) * rstd;  // -mean * rstd
+  const VF shift = hn::Set(d, shift_value);
   auto xhat = [&](VF v) {
     if constexpr (kExact) return hn::Mul(hn::Sub(hn::Sub(v, k), vmean_d), vr);
     else return hn::MulAdd(v, vr, shift);
   };
-  for_each_pair(
-      hidden,
-      [&](int64_t j) {
-        VF a, b;
-        prefetch_step(next_x + j);
-        load_pair(x + j, a, b);
-        VF wa, wb, ba, bb;
-        load_scratch(w_row + j, wa, wb);
-        load_scratch(b_row + j, ba, bb);
-        store_pair<kStream>(hn::MulAdd(xhat(a), wa, ba), hn::MulAdd(xhat(b), wb, bb), y + j);
-      },
-      [&](int64_t j, size_t count) {
-        store_n(hn::MulAdd(xhat(load_n(x + j, count)), load_n(w_row + j, count),
-                           load_n(b_row + j, count)),
-                y + j, count);
-      });
+  auto normalise = [&](auto no_nan) {
+    for_each_pair(
+        hidden,
+        [&](int64_t j) {
+          VF a, b;
+          prefetch_step(next_x + j);
+          load_pair(x + j, a, b);
+          VF wa, wb, ba, bb;
+          load_scratch(w_row + j, wa, wb);
+          load_scratch(b_row + j, ba, bb);
+          const VF ya = hn::MulAdd(xhat(a), wa, ba), yb = hn::MulAdd(xhat(b), wb, bb);
+          if constexpr (decltype(no_nan)::value) store_pair_no_nan<kStream>(ya, yb, y + j);
+          else store_pair<kStream>(ya, yb, y + j);
+        },
+        [&](int64_t j, size_t count) {
+          store_n(hn::MulAdd(xhat(load_n(x + j, count)), load_n(w_row + j, count),
+                             load_n(b_row + j, count)),
+                  y + j, count);
+        });
+  };
+  // No lane of y is NaN when the row's sums, w, b and -mean * rstd are finite and rstd <= 1e15:
+  // then |x - mean| < 2 sqrt(FLT_MAX), |xhat| < 4e34 (plus an ulp of -mean * rstd) is finite, and
+  // xhat * w + b is finite or +-inf. The bf16 stores then skip their NaN test.
+  const bool no_nan = params_finite && std::isfinite(sum_d) && std::isfinite(sum_dd) &&
+                      rstd <= 1e15f && std::isfinite(mean_d) && std::isfinite(shift_value);
+  if (no_nan) normalise(std::true_type());
+  else normalise(std::false_type());
 }
 
 template <class T, bool kStream>
@@ -230,11 +243,21 @@ void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
   float *w = params.get(), *b = w + a.hidden;
   widen_pairs<T>(a.w, w, a.hidden);
   widen_pairs<T>(a.b, b, a.hidden);
+  // Only bf16 stores have a NaN test to skip; a task of a few rows does not repay the check.
+  bool params_finite = false;
+  if (std::is_same_v<T, bf16_t> && end - begin >= 4) {
+    VF nonfinite = hn::Zero(DF());  // v * 0 is 0 for finite v, NaN otherwise
+    for (int64_t i = 0; i < 2 * a.hidden; i += int64_t(hn::Lanes(DF()))) {
+      const size_t count = size_t(std::min<int64_t>(int64_t(hn::Lanes(DF())), 2 * a.hidden - i));
+      nonfinite = hn::MulAdd(load_n(w + i, count), hn::Zero(DF()), nonfinite);
+    }
+    params_finite = sum_lanes(nonfinite) == 0.0f;
+  }
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
     const int64_t next = row + 1 < end ? 1 : 0;  // the last row prefetches itself
-    ln_forward_row<T, kStream>(x, w, b, static_cast<T*>(a.y) + row * a.y_stride, a.hidden, a.eps,
-                               x + next * a.x_stride);
+    ln_forward_row<T, kStream>(x, w, b, params_finite, static_cast<T*>(a.y) + row * a.y_stride,
+                               a.hidden, a.eps, x + next * a.x_stride);
   }
   if constexpr (kStream) hwy::FlushStream();
 }

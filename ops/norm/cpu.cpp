@@ -94,20 +94,6 @@ template <class Pair, class Tail> HWY_INLINE float sum_pairs(int64_t n, Pair&& p
   return sum_lanes(hn::Add(hn::Add(a0, b0), hn::Add(a1, b1)));
 }
 
-// Stores a, b in pair order like store_pair, for lanes known not to hold NaN: the bf16 rounding
-// then needs no NaN test (Note [vector rounding]; infinities round to themselves).
-template <bool kStream, class T> HWY_INLINE void store_pair_no_nan(VF a, VF b, T* p) {
-  #if HWY_TARGET != HWY_SCALAR
-  if constexpr (std::is_same_v<T, bf16_t>) {
-    const hn::Repartition<uint16_t, DF> d16;
-    const VU odd = bf16_round_high(a), even = hn::ShiftRight<16>(bf16_round_high(b));
-    put<kStream>(hn::OddEven(hn::BitCast(d16, odd), hn::BitCast(d16, even)), d16, &p->bits);
-    return;
-  }
-#endif
-  store_pair<kStream>(a, b, p);
-}
-
 // Copies the elements of one pair step from src to dst, bits unchanged.
 template <bool kStream, class T> HWY_INLINE void copy_pair(const T* src, T* dst) {
   const DU du;

@@ -241,6 +241,20 @@ template <bool kStream = false, class T> HWY_INLINE void store_pair(VF a, VF b, 
   }
 }
 
+// Stores a, b in pair order like store_pair, for lanes known not to hold NaN: the bf16 rounding
+// then needs no NaN test (Note [vector rounding]; infinities round to themselves).
+template <bool kStream, class T> HWY_INLINE void store_pair_no_nan(VF a, VF b, T* p) {
+  #if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const hn::Repartition<uint16_t, DF> d16;
+    const VU odd = bf16_round_high(a), even = hn::ShiftRight<16>(bf16_round_high(b));
+    put<kStream>(hn::OddEven(hn::BitCast(d16, odd), hn::BitCast(d16, even)), d16, &p->bits);
+    return;
+  }
+#endif
+  store_pair<kStream>(a, b, p);
+}
+
 // Stores a, b in pair order when they already hold values of T (round_to<T> results): for bf16
 // the low 16 bits are zero, so no rounding is needed.
 template <bool kStream = false, class T> HWY_INLINE void store_pair_exact(VF a, VF b, T* p) {
