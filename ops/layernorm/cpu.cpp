@@ -255,7 +255,7 @@ void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
   }
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
-    const int64_t next = row + 1 < end ? 1 : 0;  // the last row prefetches itself
+    const int64_t next = row + 1 < a.rows ? 1 : 0;  // the call's last row prefetches itself
     ln_forward_row<T, kStream>(x, w, b, params_finite, static_cast<T*>(a.y) + row * a.y_stride,
                                a.hidden, a.eps, x + next * a.x_stride);
   }
@@ -547,6 +547,7 @@ void layer_norm_cpu(const Context&, const TensorView& y, const TensorView& x, co
   a.b = b.defined() ? b.data : nullptr;
   a.y = y.data;
   a.y_stride = y.row_stride();
+  a.rows = x.rows();
   // Note [streaming stores]: y bypasses the cache when x + y exceed the last-level cache and
   // every row of y starts on a 64-byte boundary.
   a.stream = 2 * double(x.rows()) * double(a.hidden * x.itemsize()) > double(cpu::cpu_info().l3.bytes) &&

@@ -198,8 +198,9 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
     T* y = static_cast<T*>(a.y) + row * a.y_stride;
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
-    // The row pass 2 prefetches: the next one of the task (the last row prefetches itself).
-    const int64_t next = row + 1 < end ? 1 : 0;
+    // The row pass 2 prefetches: the next one of the call, which with static scheduling is
+    // mostly this thread's next task (the call's last row prefetches itself).
+    const int64_t next = row + 1 < a.rows ? 1 : 0;
     // Without streaming stores s itself is the cached row: pass 1 writes it, pass 2 reads it.
     T* cached_s = kStream ? s_row.get() : s;
     forward_row<T, kFused, kStream>(x, residual, gain.get(), gain_finite, y, s, cached_s, a.hidden,
@@ -480,6 +481,7 @@ NormForwardRows forward_rows(const TensorView& y, const TensorView& x, const Ten
   a.w = w.data;
   a.y = y.data;
   a.y_stride = y.row_stride();
+  a.rows = x.rows();
   return a;
 }
 
