@@ -9,11 +9,20 @@
 // - One Highway source, runtime dispatch (4 / 8 / 16 f32 lanes on SSE4 / AVX2 / AVX-512);
 //   bf16 / f16 are widened to f32 in registers and rounded once on the store (Note [vector
 //   rounding]). w and b are widened to f32 once per task, not once per row.
-// - Note [centred sums] (below): the row (or group) is read from memory once, by the pass that
-//   sums x - k (k its first element); the centred variance pass and the normalising pass re-read
-//   it from L1 / L2: rows per task come from capacity_block (Note [tiling]) so a task's rows
-//   fit half of a core's L2. Memory traffic is x + y (forward) or dy + x + dx (backward), the
-//   roofline minimum. A group_norm group larger than half the L2 is read three times.
+// - layer_norm forward (Note [pair order], no widened copy of the row): the one pass from memory
+//   sums x - k and (x - k)^2 (k = x[0]); for bf16 / f16 the variance comes from those shifted sums
+//   unless x[0] lies far from the mean (then, and always for f32, a centred pass over the row in
+//   L1 gives Note [centred sums]). The normalising pass reads the row from L1, forms xhat with one
+//   multiply-add for bf16 / f16, prefetches the next row (Note [row prefetch]) and, when the call
+//   exceeds the last-level cache, writes y with streaming stores (Note [streaming stores]).
+//   bf16 stores skip the rounding's NaN test on rows that cannot produce a NaN (finite sums,
+//   parameters and shift, bounded rstd). w and b are widened to f32 once per task.
+// - Backward and group_norm, Note [centred sums] (below): the row (or group) is read from memory
+//   once, by the pass that sums x - k (k its first element); the centred variance pass and the
+//   normalising pass re-read it from L1 / L2: rows per task come from capacity_block (Note
+//   [tiling]) so a task's rows fit half of a core's L2. Memory traffic is x + y (forward) or
+//   dy + x + dx (backward), the roofline minimum. A group_norm group larger than half the L2 is
+//   read three times.
 // - The backward's row sums (sum g with g = dy * w in the read pass; sum g c in the centred pass)
 //   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory.
 // - OpenMP over tasks (parallel_tasks: one task means no parallel region, so decode rows pay no
@@ -35,6 +44,7 @@
 #include <vector>
 
 #include "backends/cpu/simd-inl.h"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/layernorm/internal.h"
 
@@ -104,28 +114,169 @@ template <class T> HWY_INLINE Stats stats_of(const T* x, int64_t n, VF k, float 
 // Element 0 of x as f32.
 template <class T> HWY_INLINE float first_of(const T* x) { return float(*x); }
 
-// ---- layer_norm forward ------------------------------------------------------------------------
-template <class T>
-void ln_forward_row(const T* x_in, const float* w, const float* b, T* y, int64_t hidden, float eps,
-                    float* scratch) {
-  // bf16 / f16 rows are widened into the f32 scratch row once (the read from memory), so the
-  // passes over the cached row convert nothing.
-  const float* x = scratch;
-  if constexpr (std::is_same_v<T, float>) {
-    x = x_in;
-  } else {
-    for_each_vector(hidden, [&](int64_t i, size_t count) { store_n(load_n(x_in + i, count), scratch + i, count); });
-  }
-  const VF k = hn::Set(DF(), first_of(x));
-  const Stats s = stats_of(x, hidden, k, eps);
-  const VF mean_d = hn::Set(DF(), s.mean_d), rstd = hn::Set(DF(), s.rstd);
-  for_each_vector(hidden, [&](int64_t i, size_t count) {  // y may alias x: read, then write
-    const VF xhat = hn::Mul(centred(x + i, count, k, mean_d), rstd);
-    store_n(hn::MulAdd(xhat, load_n(w + i, count), load_n(b + i, count)), y + i, count);
-  });
+// ---- layer_norm forward (Note [pair order]) ------------------------------------------------
+// w or b (zeros for nullptr) widened to f32 in the pair order of T, once per task.
+template <class T> void widen_pairs(const void* src, float* out, int64_t n) {
+  const T* p = static_cast<const T*>(src);
+  for_each_pair(
+      n,
+      [&](int64_t i) {
+        VF a, b;
+        if (p) load_pair(p + i, a, b);
+        else a = b = hn::Zero(DF());
+        store_scratch(a, b, out + i);
+      },
+      [&](int64_t i, size_t count) {
+        store_n(p ? load_n(p + i, count) : hn::Zero(DF()), out + i, count);
+      });
 }
 
-// w and b (zeros when b is none) widened to f32: the per-column factors of one task.
+// One row. Pass 1 (the read from memory) sums d = x - k and d^2 (k = x[0]). For bf16 / f16 the
+// variance comes from those shifted sums, mean(d^2) - mean(d)^2, when that loses at most 4 of
+// f32's 24 bits (mean(d)^2 <= 15/16 mean(d^2), i.e. x[0] within ~4 standard deviations of the
+// mean), far below the output's 8 or 11 bits; otherwise, and always for f32, a second pass over
+// the cached row gives Note [centred sums]. The normalising pass reads the row from L1 and, for
+// bf16 / f16, forms xhat with one multiply-add x * rstd - mean * rstd (its error, an f32 ulp of
+// mean / std, is far below a bf16 / f16 ulp); f32 keeps the exact (x - k) - mean_d. That pass
+// also prefetches the next row (Note [row prefetch]). y may alias x: each step reads, then writes.
+template <class T, bool kStream>
+void ln_forward_row(const T* x, const float* w_row, const float* b_row, bool params_finite, T* y,
+                    int64_t hidden, float eps, const T* next_x) {
+  constexpr bool kExact = std::is_same_v<T, float>;
+  const DF d;
+  const int64_t lanes = int64_t(hn::Lanes(d)), step = 2 * lanes, pairs = pair_end(hidden);
+  const VF k = hn::Set(d, first_of(x));
+  VF s1a = hn::Zero(d), s1b = hn::Zero(d), s1c = hn::Zero(d), s1d = hn::Zero(d);
+  VF s2a = hn::Zero(d), s2b = hn::Zero(d), s2c = hn::Zero(d), s2d = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * step <= pairs; i += 2 * step) {
+    VF a, b, c, e;
+    load_pair(x + i, a, b);
+    load_pair(x + i + step, c, e);
+    a = hn::Sub(a, k), b = hn::Sub(b, k), c = hn::Sub(c, k), e = hn::Sub(e, k);
+    s1a = hn::Add(s1a, a), s1b = hn::Add(s1b, b), s1c = hn::Add(s1c, c), s1d = hn::Add(s1d, e);
+    s2a = hn::MulAdd(a, a, s2a), s2b = hn::MulAdd(b, b, s2b);
+    s2c = hn::MulAdd(c, c, s2c), s2d = hn::MulAdd(e, e, s2d);
+  }
+  if (i < pairs) {
+    VF a, b;
+    load_pair(x + i, a, b);
+    a = hn::Sub(a, k), b = hn::Sub(b, k);
+    s1a = hn::Add(s1a, a), s1b = hn::Add(s1b, b);
+    s2a = hn::MulAdd(a, a, s2a), s2b = hn::MulAdd(b, b, s2b);
+    i += step;
+  }
+  for (; i < hidden; i += lanes) {
+    const VF v = shifted(x, i, size_t(std::min(lanes, hidden - i)), k);
+    s1c = hn::Add(s1c, v);
+    s2c = hn::MulAdd(v, v, s2c);
+  }
+  const float n = float(hidden);
+  const float sum_d = sum_lanes(hn::Add(hn::Add(s1a, s1b), hn::Add(s1c, s1d)));
+  const float sum_dd = sum_lanes(hn::Add(hn::Add(s2a, s2b), hn::Add(s2c, s2d)));
+  float mean_d = sum_d / n, rstd;
+  const float mean_dd = sum_dd / n, mean_d2 = mean_d * mean_d;
+  if (kExact || !(mean_d2 <= 0.9375f * mean_dd)) {  // NaN / inf rows take this branch too
+    const VF vmean_d = hn::Set(d, mean_d);
+    VF ca = hn::Zero(d), cb = hn::Zero(d), cca = hn::Zero(d), ccb = hn::Zero(d);
+    for_each_pair(
+        hidden,
+        [&](int64_t j) {
+          VF a, b;
+          load_pair(x + j, a, b);
+          a = hn::Sub(hn::Sub(a, k), vmean_d), b = hn::Sub(hn::Sub(b, k), vmean_d);
+          ca = hn::Add(ca, a), cb = hn::Add(cb, b);
+          cca = hn::MulAdd(a, a, cca), ccb = hn::MulAdd(b, b, ccb);
+        },
+        [&](int64_t j, size_t count) {
+          const VF c = centred(x + j, count, k, vmean_d);
+          ca = hn::Add(ca, c);
+          cca = hn::MulAdd(c, c, cca);
+        });
+    const float sum_c = sum_lanes(hn::Add(ca, cb)), sum_cc = sum_lanes(hn::Add(cca, ccb));
+    // sum(c) / n is the rounding error of mean_d, as in stats_of.
+    mean_d += sum_c / n;
+    rstd = rstd_of(sum_c, sum_cc, hidden, eps);
+  } else {
+    rstd = 1.0f / std::sqrt(std::max(mean_dd - mean_d2, 0.0f) + eps);
+  }
+  const VF vr = hn::Set(d, rstd), vmean_d = hn::Set(d, mean_d);
+  const float shift_value = -(first_of(x) + mean_d) * rstd;  // -mean * rstd
+  const VF shift = hn::Set(d, shift_value);
+  auto xhat = [&](VF v) {
+    if constexpr (kExact) return hn::Mul(hn::Sub(hn::Sub(v, k), vmean_d), vr);
+    else return hn::MulAdd(v, vr, shift);
+  };
+  auto normalise = [&](auto no_nan) {
+    for_each_pair(
+        hidden,
+        [&](int64_t j) {
+          VF a, b;
+          prefetch_step(next_x + j);
+          load_pair(x + j, a, b);
+          VF wa, wb, ba, bb;
+          load_scratch(w_row + j, wa, wb);
+          load_scratch(b_row + j, ba, bb);
+          const VF ya = hn::MulAdd(xhat(a), wa, ba), yb = hn::MulAdd(xhat(b), wb, bb);
+          if constexpr (decltype(no_nan)::value) store_pair_no_nan<kStream>(ya, yb, y + j);
+          else store_pair<kStream>(ya, yb, y + j);
+        },
+        [&](int64_t j, size_t count) {
+          store_n(hn::MulAdd(xhat(load_n(x + j, count)), load_n(w_row + j, count),
+                             load_n(b_row + j, count)),
+                  y + j, count);
+        });
+  };
+  // No lane of y is NaN when the row's sums, w, b and -mean * rstd are finite and rstd <= 1e15:
+  // then |x - mean| < 2 sqrt(FLT_MAX), |xhat| < 4e34 (plus an ulp of -mean * rstd) is finite, and
+  // xhat * w + b is finite or +-inf. The bf16 stores then skip their NaN test.
+  const bool no_nan = params_finite && std::isfinite(sum_d) && std::isfinite(sum_dd) &&
+                      rstd <= 1e15f && std::isfinite(mean_d) && std::isfinite(shift_value);
+  if (no_nan) normalise(std::true_type());
+  else normalise(std::false_type());
+}
+
+template <class T, bool kStream>
+void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
+  if (a.hidden == 0) return;
+  std::unique_ptr<float[]> params(new float[2 * size_t(a.hidden)]);
+  float *w = params.get(), *b = w + a.hidden;
+  widen_pairs<T>(a.w, w, a.hidden);
+  widen_pairs<T>(a.b, b, a.hidden);
+  // Only bf16 stores have a NaN test to skip; a task of a few rows does not repay the check.
+  bool params_finite = false;
+  if (std::is_same_v<T, bf16_t> && end - begin >= 4) {
+    VF nonfinite = hn::Zero(DF());  // v * 0 is 0 for finite v, NaN otherwise
+    for (int64_t i = 0; i < 2 * a.hidden; i += int64_t(hn::Lanes(DF()))) {
+      const size_t count = size_t(std::min<int64_t>(int64_t(hn::Lanes(DF())), 2 * a.hidden - i));
+      nonfinite = hn::MulAdd(load_n(w + i, count), hn::Zero(DF()), nonfinite);
+    }
+    params_finite = sum_lanes(nonfinite) == 0.0f;
+  }
+  for (int64_t row = begin; row < end; ++row) {
+    const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
+    const int64_t next = row + 1 < a.rows ? 1 : 0;  // the call's last row prefetches itself
+    ln_forward_row<T, kStream>(x, w, b, params_finite, static_cast<T*>(a.y) + row * a.y_stride,
+                               a.hidden, a.eps, x + next * a.x_stride);
+  }
+  if constexpr (kStream) hwy::FlushStream();
+}
+
+template <class T> void ln_forward_rows_for(const LayerNormRows& a, int64_t begin, int64_t end) {
+  if (a.stream) ln_forward_rows_typed<T, true>(a, begin, end);
+  else ln_forward_rows_typed<T, false>(a, begin, end);
+}
+
+void layer_norm_forward_rows(const LayerNormRows& a, int64_t begin, int64_t end) {
+  switch (a.dtype) {
+    case DType::bf16: return ln_forward_rows_for<bf16_t>(a, begin, end);
+    case DType::f16: return ln_forward_rows_for<f16_t>(a, begin, end);
+    default: return ln_forward_rows_for<float>(a, begin, end);
+  }
+}
+
+// w and b (zeros when b is none) widened to f32 in natural order: the per-column factors of one
+// backward task.
 template <class T> struct Params {
   std::unique_ptr<float[]> w, b;
   Params(const void* w_src, const void* b_src, int64_t n) : w(new float[size_t(n)]), b(new float[size_t(n)]) {
@@ -136,23 +287,6 @@ template <class T> struct Params {
     });
   }
 };
-
-template <class T> void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
-  if (a.hidden == 0) return;
-  const Params<T> p(a.w, a.b, a.hidden);
-  std::unique_ptr<float[]> scratch(new float[size_t(a.hidden)]);
-  for (int64_t row = begin; row < end; ++row)
-    ln_forward_row(static_cast<const T*>(a.x) + row * a.x_stride, p.w.get(), p.b.get(),
-                   static_cast<T*>(a.y) + row * a.y_stride, a.hidden, a.eps, scratch.get());
-}
-
-void layer_norm_forward_rows(const LayerNormRows& a, int64_t begin, int64_t end) {
-  switch (a.dtype) {
-    case DType::bf16: return ln_forward_rows_typed<bf16_t>(a, begin, end);
-    case DType::f16: return ln_forward_rows_typed<f16_t>(a, begin, end);
-    default: return ln_forward_rows_typed<float>(a, begin, end);
-  }
-}
 
 // ---- layer_norm backward -----------------------------------------------------------------------
 // One row: dx, and dy * xhat, dy added into the chunk's partial rows dw_part, db_part.
@@ -334,6 +468,9 @@ void group_norm_groups(const GroupNormArgs& a, int64_t begin, int64_t end, float
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cstdint>
+
+#include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 
@@ -410,6 +547,11 @@ void layer_norm_cpu(const Context&, const TensorView& y, const TensorView& x, co
   a.b = b.defined() ? b.data : nullptr;
   a.y = y.data;
   a.y_stride = y.row_stride();
+  a.rows = x.rows();
+  // Note [streaming stores]: y bypasses the cache when x + y exceed the last-level cache and
+  // every row of y starts on a 64-byte boundary.
+  a.stream = 2 * double(x.rows()) * double(a.hidden * x.itemsize()) > double(cpu::cpu_info().l3.bytes) &&
+             reinterpret_cast<uintptr_t>(y.data) % 64 == 0 && (a.y_stride * y.itemsize()) % 64 == 0;
   const cpu::RowTasks tasks = tasks_of(x.rows(), a.hidden, 2, x.itemsize());
   auto* rows_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::layer_norm_forward_rows);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { rows_fn(a, tasks.begin(t), tasks.end(t)); });

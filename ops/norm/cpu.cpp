@@ -18,10 +18,14 @@
 // - Each row is read from memory once: pass 1 (sum of squares; the fused op also adds and stores
 //   s) pulls the row into L1/L2, pass 2 (normalise, or the backward's dx and dw terms) re-reads it
 //   from there. Forward moves x + w + y bytes, i.e. the roofline minimum.
+// - The forward's pass 2 prefetches the next row of the task (Note [row prefetch], bf16 / f16):
+//   without it the bus idles while pass 2 computes, and pass 1 waits on memory.
 // - Calls whose bytes exceed the last-level cache write their outputs with non-temporal stores
 //   (Note [streaming stores]): no read-for-ownership of y (s, dx, dresidual), a third less DRAM
-//   traffic for the forward; the fused forward then recomputes s in pass 2 instead of reading
-//   back what it streamed.
+//   traffic for the forward; the fused forward then keeps s in a scratch row (in L1) in pass 1
+//   and copies it out in pass 2, so nothing streamed is read back and s is not recomputed.
+// - bf16 forward stores skip the rounding's NaN test when the row's sum of squares, rstd and
+//   the gain are finite (then no lane of y is NaN); tasks of fewer than 4 rows do not check.
 // - OpenMP over tasks of rows; rows per task from capacity_block (Note [tiling]) so one task's
 //   rows fit half of a core's L2. One task means no OpenMP region (decode rows cost no fork).
 // - Backward dw: each chunk of rows (a fixed count from Note [tiling], never per thread) sums
@@ -43,6 +47,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include "backends/cpu/simd-inl.h"
 #include "hwy/cache_control.h"
@@ -89,20 +94,35 @@ template <class Pair, class Tail> HWY_INLINE float sum_pairs(int64_t n, Pair&& p
   return sum_lanes(hn::Add(hn::Add(a0, b0), hn::Add(a1, b1)));
 }
 
-// One forward row. Fused: pass 1 writes s (which may alias residual: each lane is read before it
-// is written) and pass 2 reads s back; y may alias x (x is not read in pass 2 then). kStream
-// (Note [streaming stores]): pass 1 only sums, pass 2 recomputes s from x and residual (still in
-// L1/L2) and streams s and y, so nothing streamed is read back.
+// Copies the elements of one pair step from src to dst, bits unchanged.
+template <bool kStream, class T> HWY_INLINE void copy_pair(const T* src, T* dst) {
+  const DU du;
+  constexpr size_t kVectors = sizeof(T) / 2;  // u32 vectors per pair step: bf16 / f16 1, f32 2
+  const size_t lanes = hn::Lanes(du);
+  for (size_t v = 0; v < kVectors; ++v) {
+    put<kStream>(hn::LoadU(du, reinterpret_cast<const uint32_t*>(src) + v * lanes), du,
+                 reinterpret_cast<uint32_t*>(dst) + v * lanes);
+  }
+}
+
+// One forward row. Pass 1 (the read from memory) sums the squares; the fused op forms s = x +
+// residual (rounded to T) there and keeps it in s_row, a scratch row of T that stays in L1, so
+// pass 2 neither recomputes s nor reads back what went to memory. Pass 2 normalises from the
+// cached row (x, or s_row), copies s_row to s and prefetches the next row (Note [row prefetch]).
+// Without streaming stores s_row is s itself. s may alias residual (pass 1 reads each step of
+// residual before writing it) and y may alias x (pass 2 reads each step of x, or of s_row,
+// before writing y). When the sum of squares, rstd and the gain are finite, no lane of y can be
+// NaN and the bf16 stores skip the NaN test.
 template <class T, bool kFused, bool kStream>
-void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, int64_t hidden,
-                 float eps) {
+void forward_row(const T* x, const T* residual, const float* gain, bool gain_finite, T* y, T* s,
+                 T* s_row, int64_t hidden, float eps, const T* next_x, const T* next_residual) {
   const float sum_sq = sum_pairs(
       hidden,
       [&](int64_t i, VF& acc_a, VF& acc_b) {
         VF a, b;
         if constexpr (kFused) {
           fused_sum_pair(x, residual, i, a, b);
-          if constexpr (!kStream) store_pair_exact(a, b, s + i);
+          store_pair_exact(a, b, s_row + i);
         } else {
           load_pair(x + i, a, b);
         }
@@ -113,7 +133,7 @@ void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, i
         VF v;
         if constexpr (kFused) {
           v = fused_sum(x, residual, i, count);
-          store_n(v, s + i, count);
+          store_n(v, s_row + i, count);
         } else {
           v = load_n(x + i, count);
         }
@@ -121,35 +141,72 @@ void forward_row(const T* x, const T* residual, const float* gain, T* y, T* s, i
       });
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
   const VF vr = hn::Set(DF(), rstd);
-  const T* src = kFused ? s : x;
-  for_each_pair(
-      hidden,
-      [&](int64_t i) {
-        VF a, b, ga, gb;
-        if constexpr (kFused && kStream) {
-          fused_sum_pair(x, residual, i, a, b);
-          store_pair_exact<true>(a, b, s + i);
-        } else {
+  const T* src = kFused ? s_row : x;
+  constexpr bool kPrefetch = sizeof(T) == 2;
+  auto normalise = [&](auto no_nan) {
+    for_each_pair(
+        hidden,
+        [&](int64_t i) {
+          VF a, b, ga, gb;
+          if constexpr (kPrefetch) {
+            prefetch_step(next_x + i);
+            if constexpr (kFused) prefetch_step(next_residual + i);
+          }
+          if constexpr (kFused && kStream) copy_pair<true>(s_row + i, s + i);
           load_pair(src + i, a, b);
-        }
-        load_scratch(gain + i, ga, gb);
-        store_pair<kStream>(hn::Mul(hn::Mul(a, vr), ga), hn::Mul(hn::Mul(b, vr), gb), y + i);
-      },
-      [&](int64_t i, size_t count) {
-        store_n(hn::Mul(hn::Mul(load_n(src + i, count), vr), load_n(gain + i, count)), y + i, count);
-      });
+          load_scratch(gain + i, ga, gb);
+          const VF ya = hn::Mul(hn::Mul(a, vr), ga), yb = hn::Mul(hn::Mul(b, vr), gb);
+          if constexpr (decltype(no_nan)::value) store_pair_no_nan<kStream>(ya, yb, y + i);
+          else store_pair<kStream>(ya, yb, y + i);
+        },
+        [&](int64_t i, size_t count) {
+          const VF v = load_n(src + i, count);
+          if constexpr (kFused && kStream) store_n(v, s + i, count);
+          store_n(hn::Mul(hn::Mul(v, vr), load_n(gain + i, count)), y + i, count);
+        });
+  };
+  if (gain_finite && std::isfinite(sum_sq) && std::isfinite(rstd)) normalise(std::true_type());
+  else normalise(std::false_type());
 }
 
 template <class T, bool kFused, bool kStream>
 void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
-  std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
+  const size_t n = size_t(a.hidden);
+  std::unique_ptr<float[]> gain(new float[std::max<size_t>(n, 1)]);
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
+  // Only bf16 stores have a NaN test to skip; a task of a few rows does not repay the check.
+  bool gain_finite = false;
+  if (std::is_same_v<T, bf16_t> && end - begin >= 4) {
+    // g * 0 is 0 for finite g and NaN for NaN or infinite g. Four sums: no latency chain.
+    const DF d;
+    const int64_t lanes = int64_t(hn::Lanes(d));
+    VF z0 = hn::Zero(d), z1 = hn::Zero(d), z2 = hn::Zero(d), z3 = hn::Zero(d);
+    int64_t i = 0;
+    for (; i + 4 * lanes <= a.hidden; i += 4 * lanes) {
+      z0 = hn::MulAdd(load(gain.get() + i), hn::Zero(d), z0);
+      z1 = hn::MulAdd(load(gain.get() + i + lanes), hn::Zero(d), z1);
+      z2 = hn::MulAdd(load(gain.get() + i + 2 * lanes), hn::Zero(d), z2);
+      z3 = hn::MulAdd(load(gain.get() + i + 3 * lanes), hn::Zero(d), z3);
+    }
+    for (; i < a.hidden; i += lanes)
+      z0 = hn::MulAdd(load_n(gain.get() + i, size_t(std::min(lanes, a.hidden - i))), hn::Zero(d), z0);
+    gain_finite = sum_lanes(hn::Add(hn::Add(z0, z1), hn::Add(z2, z3))) == 0.0f;
+  }
+  std::unique_ptr<T[]> s_row(kFused && kStream ? new T[n] : nullptr);
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
     const T* residual = kFused ? static_cast<const T*>(a.residual) + row * a.residual_stride : nullptr;
     T* y = static_cast<T*>(a.y) + row * a.y_stride;
     T* s = kFused ? static_cast<T*>(a.s) + row * a.s_stride : nullptr;
-    forward_row<T, kFused, kStream>(x, residual, gain.get(), y, s, a.hidden, a.eps);
+    // The row pass 2 prefetches: the next one of the call, which with static scheduling is
+    // mostly this thread's next task (the call's last row prefetches itself).
+    const int64_t next = row + 1 < a.rows ? 1 : 0;
+    // Without streaming stores s itself is the cached row: pass 1 writes it, pass 2 reads it.
+    T* cached_s = kStream ? s_row.get() : s;
+    forward_row<T, kFused, kStream>(x, residual, gain.get(), gain_finite, y, s, cached_s, a.hidden,
+                                    a.eps,
+                                    x + next * a.x_stride,
+                                    kFused ? residual + next * a.residual_stride : nullptr);
   }
   if constexpr (kStream) hwy::FlushStream();
 }
@@ -424,6 +481,7 @@ NormForwardRows forward_rows(const TensorView& y, const TensorView& x, const Ten
   a.w = w.data;
   a.y = y.data;
   a.y_stride = y.row_stride();
+  a.rows = x.rows();
   return a;
 }
 

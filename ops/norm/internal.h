@@ -128,6 +128,7 @@ struct NormForwardRows {
   void* s = nullptr;  // fused only
   int64_t s_stride = 0;
   bool stream = false;  // outputs by non-temporal stores (Note [streaming stores])
+  int64_t rows = 0;     // rows of the call: a task's last row prefetches the next task's first
 };
 
 // Backward rows of rms_norm (residual == nullptr) or fused_add_rms_norm.

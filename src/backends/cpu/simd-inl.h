@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "opforge/dtype.h"
 
@@ -240,6 +241,20 @@ template <bool kStream = false, class T> HWY_INLINE void store_pair(VF a, VF b, 
   }
 }
 
+// Stores a, b in pair order like store_pair, for lanes known not to hold NaN: the bf16 rounding
+// then needs no NaN test (Note [vector rounding]; infinities round to themselves).
+template <bool kStream, class T> HWY_INLINE void store_pair_no_nan(VF a, VF b, T* p) {
+  #if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const hn::Repartition<uint16_t, DF> d16;
+    const VU odd = bf16_round_high(a), even = hn::ShiftRight<16>(bf16_round_high(b));
+    put<kStream>(hn::OddEven(hn::BitCast(d16, odd), hn::BitCast(d16, even)), d16, &p->bits);
+    return;
+  }
+#endif
+  store_pair<kStream>(a, b, p);
+}
+
 // Stores a, b in pair order when they already hold values of T (round_to<T> results): for bf16
 // the low 16 bits are zero, so no rounding is needed.
 template <bool kStream = false, class T> HWY_INLINE void store_pair_exact(VF a, VF b, T* p) {
@@ -282,6 +297,18 @@ HWY_INLINE void for_each_pair(int64_t n, Pair&& pair, Tail&& tail) {
 // ceiling (memcpy) does the same. The caller guarantees alignment (every pair step of every row
 // aligned to its bytes), writes tails with plain stores, and calls hwy::FlushStream() before the
 // data is read by another thread.
+
+// Note [row prefetch]: a two-pass row kernel reads memory only in pass 1; pass 2 runs from L1 /
+// L2 while the memory bus idles. Pass 2 therefore prefetches the next row, one pair step at a
+// time, so pass 1 of that row finds it in cache and the bus stays busy during both passes.
+// prefetch_step(p) covers the bytes of one pair step at p (64 bytes or less per line touched;
+// a pair step of bf16 is 32-128 bytes, of f32 64-256: one prefetch per cache line it spans).
+template <class T> HWY_INLINE void prefetch_step(const T* p) {
+  constexpr size_t kLine = 64;
+  const size_t bytes = 2 * hn::Lanes(DF()) * sizeof(T);
+  for (size_t off = 0; off < bytes; off += kLine)
+    hwy::Prefetch(reinterpret_cast<const uint8_t*>(p) + off);
+}
 
 // Where the pair steps of a row of n elements end (the tail starts).
 HWY_INLINE int64_t pair_end(int64_t n) {
