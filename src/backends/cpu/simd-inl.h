@@ -203,7 +203,7 @@ template <class T> HWY_INLINE void store_n(VF v, T* p, size_t count) {
 // the op's dtype, so they follow it. Row tails (n % 2N elements) use load_n / store_n, natural
 // order. The SCALAR target (one lane) always uses the natural order.
 template <class T> HWY_INLINE void load_pair(const T* p, VF& a, VF& b) {
-  #if HWY_TARGET != HWY_SCALAR
+#if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bf16_t>) {
     const DU du;
     const VU u = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
@@ -220,7 +220,7 @@ template <class T> HWY_INLINE void load_pair(const T* p, VF& a, VF& b) {
 // Stores a, b in pair order, rounding to nearest even (Note [vector rounding]). kStream: p is
 // aligned to the pair step's bytes (Note [streaming stores]).
 template <bool kStream = false, class T> HWY_INLINE void store_pair(VF a, VF b, T* p) {
-  #if HWY_TARGET != HWY_SCALAR
+#if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bf16_t>) {
     const DF df;
     VU odd, even;
@@ -244,7 +244,7 @@ template <bool kStream = false, class T> HWY_INLINE void store_pair(VF a, VF b, 
 // Stores a, b in pair order like store_pair, for lanes known not to hold NaN: the bf16 rounding
 // then needs no NaN test (Note [vector rounding]; infinities round to themselves).
 template <bool kStream, class T> HWY_INLINE void store_pair_no_nan(VF a, VF b, T* p) {
-  #if HWY_TARGET != HWY_SCALAR
+#if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bf16_t>) {
     const hn::Repartition<uint16_t, DF> d16;
     const VU odd = bf16_round_high(a), even = hn::ShiftRight<16>(bf16_round_high(b));
@@ -258,7 +258,7 @@ template <bool kStream, class T> HWY_INLINE void store_pair_no_nan(VF a, VF b, T
 // Stores a, b in pair order when they already hold values of T (round_to<T> results): for bf16
 // the low 16 bits are zero, so no rounding is needed.
 template <bool kStream = false, class T> HWY_INLINE void store_pair_exact(VF a, VF b, T* p) {
-  #if HWY_TARGET != HWY_SCALAR
+#if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bf16_t>) {
     const DU du;
     const hn::Repartition<uint16_t, DF> d16;
