@@ -244,15 +244,7 @@ void ln_forward_rows_typed(const LayerNormRows& a, int64_t begin, int64_t end) {
   widen_pairs<T>(a.w, w, a.hidden);
   widen_pairs<T>(a.b, b, a.hidden);
   // Only bf16 stores have a NaN test to skip; a task of a few rows does not repay the check.
-  bool params_finite = false;
-  if (std::is_same_v<T, bf16_t> && end - begin >= 4) {
-    VF nonfinite = hn::Zero(DF());  // v * 0 is 0 for finite v, NaN otherwise
-    for (int64_t i = 0; i < 2 * a.hidden; i += int64_t(hn::Lanes(DF()))) {
-      const size_t count = size_t(std::min<int64_t>(int64_t(hn::Lanes(DF())), 2 * a.hidden - i));
-      nonfinite = hn::MulAdd(load_n(w + i, count), hn::Zero(DF()), nonfinite);
-    }
-    params_finite = sum_lanes(nonfinite) == 0.0f;
-  }
+  const bool params_finite = std::is_same_v<T, bf16_t> && end - begin >= 4 && all_finite(w, 2 * a.hidden);
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
     const int64_t next = row + 1 < a.rows ? 1 : 0;  // the call's last row prefetches itself
@@ -548,10 +540,7 @@ void layer_norm_cpu(const Context&, const TensorView& y, const TensorView& x, co
   a.y = y.data;
   a.y_stride = y.row_stride();
   a.rows = x.rows();
-  // Note [streaming stores]: y bypasses the cache when x + y exceed the last-level cache and
-  // every row of y starts on a 64-byte boundary.
-  a.stream = 2 * double(x.rows()) * double(a.hidden * x.itemsize()) > double(cpu::cpu_info().l3.bytes) &&
-             reinterpret_cast<uintptr_t>(y.data) % 64 == 0 && (a.y_stride * y.itemsize()) % 64 == 0;
+  a.stream = cpu::stream_outputs(2 * double(x.rows()) * double(a.hidden * x.itemsize()), {&y});
   const cpu::RowTasks tasks = tasks_of(x.rows(), a.hidden, 2, x.itemsize());
   auto* rows_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::layer_norm_forward_rows);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { rows_fn(a, tasks.begin(t), tasks.end(t)); });

@@ -175,23 +175,7 @@ void forward_rows_typed(const NormForwardRows& a, int64_t begin, int64_t end) {
   std::unique_ptr<float[]> gain(new float[std::max<size_t>(n, 1)]);
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
   // Only bf16 stores have a NaN test to skip; a task of a few rows does not repay the check.
-  bool gain_finite = false;
-  if (std::is_same_v<T, bf16_t> && end - begin >= 4) {
-    // g * 0 is 0 for finite g and NaN for NaN or infinite g. Four sums: no latency chain.
-    const DF d;
-    const int64_t lanes = int64_t(hn::Lanes(d));
-    VF z0 = hn::Zero(d), z1 = hn::Zero(d), z2 = hn::Zero(d), z3 = hn::Zero(d);
-    int64_t i = 0;
-    for (; i + 4 * lanes <= a.hidden; i += 4 * lanes) {
-      z0 = hn::MulAdd(load(gain.get() + i), hn::Zero(d), z0);
-      z1 = hn::MulAdd(load(gain.get() + i + lanes), hn::Zero(d), z1);
-      z2 = hn::MulAdd(load(gain.get() + i + 2 * lanes), hn::Zero(d), z2);
-      z3 = hn::MulAdd(load(gain.get() + i + 3 * lanes), hn::Zero(d), z3);
-    }
-    for (; i < a.hidden; i += lanes)
-      z0 = hn::MulAdd(load_n(gain.get() + i, size_t(std::min(lanes, a.hidden - i))), hn::Zero(d), z0);
-    gain_finite = sum_lanes(hn::Add(hn::Add(z0, z1), hn::Add(z2, z3))) == 0.0f;
-  }
+  const bool gain_finite = std::is_same_v<T, bf16_t> && end - begin >= 4 && all_finite(gain.get(), a.hidden);
   std::unique_ptr<T[]> s_row(kFused && kStream ? new T[n] : nullptr);
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
@@ -427,18 +411,6 @@ cpu::RowTasks row_tasks(const TensorView& x, int64_t tensors_per_element) {
   return {x.rows(), cpu::capacity_block(spec)};
 }
 
-// Note [streaming stores]: outputs go by non-temporal stores when the call's bytes do not fit
-// the last-level cache (they would not stay there for the next op anyway) and every output row
-// starts on a 64-byte boundary (so every pair step of every target is aligned).
-bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {
-  if (bytes_moved <= double(cpu::cpu_info().l3.bytes)) return false;
-  for (const TensorView* t : outputs) {
-    if (reinterpret_cast<uintptr_t>(t->data) % 64 != 0) return false;
-    if ((t->row_stride() * t->itemsize()) % 64 != 0) return false;
-  }
-  return true;
-}
-
 void run_forward(const NormForwardRows& a, const cpu::RowTasks& tasks) {
   auto* rows_fn = HWY_DYNAMIC_DISPATCH(norm_cpu::norm_forward_rows);
   cpu::parallel_tasks(tasks.count(),
@@ -516,7 +488,7 @@ const char* norm_cpu_dtype_reason(const TensorView& x) {
 void rms_norm_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                   double eps, double offset) {
   NormForwardRows a = forward_rows(y, x, w, eps, offset);
-  a.stream = stream_outputs(2 * bytes_of(x), {&y});
+  a.stream = cpu::stream_outputs(2 * bytes_of(x), {&y});
   run_forward(a, row_tasks(x, 3));
 }
 
@@ -528,7 +500,7 @@ void fused_add_rms_norm_cpu(const Context&, const TensorView& y, const TensorVie
   a.residual_stride = residual.row_stride();
   a.s = s.data;
   a.s_stride = s.row_stride();
-  a.stream = stream_outputs(4 * bytes_of(x), {&y, &s});
+  a.stream = cpu::stream_outputs(4 * bytes_of(x), {&y, &s});
   run_forward(a, row_tasks(x, 5));
 }
 
@@ -536,7 +508,7 @@ void rms_norm_backward_cpu(const Context&, const TensorView& dx, const TensorVie
                            const TensorView& dy, const TensorView& x, const TensorView& w,
                            double eps, double offset) {
   NormBackwardRows a = backward_rows(dx, dy, x, w, eps, offset);
-  a.stream = stream_outputs(3 * bytes_of(x), {&dx});
+  a.stream = cpu::stream_outputs(3 * bytes_of(x), {&dx});
   run_backward(a, row_tasks(x, 4), dw);
 }
 
@@ -552,7 +524,7 @@ void fused_add_rms_norm_backward_cpu(const Context&, const TensorView& dx,
   a.residual_stride = residual.row_stride();
   a.dresidual = dresidual.data;
   a.dresidual_stride = dresidual.row_stride();
-  a.stream = stream_outputs(6 * bytes_of(x), {&dx, &dresidual});
+  a.stream = cpu::stream_outputs(6 * bytes_of(x), {&dx, &dresidual});
   run_backward(a, row_tasks(x, 7), dw);
 }
 

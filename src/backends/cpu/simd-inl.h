@@ -318,6 +318,23 @@ HWY_INLINE int64_t pair_end(int64_t n) {
 
 HWY_INLINE float sum_lanes(VF v) { return hn::GetLane(hn::SumOfLanes(DF(), v)); }
 
+// True when every element of p[0, n) is finite: v * 0 is 0 for a finite v and NaN for a NaN or
+// infinite one; four sums, so the loop is not one latency chain.
+HWY_INLINE bool all_finite(const float* p, int64_t n) {
+  const DF d;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  VF z0 = hn::Zero(d), z1 = hn::Zero(d), z2 = hn::Zero(d), z3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    z0 = hn::MulAdd(load(p + i), hn::Zero(d), z0);
+    z1 = hn::MulAdd(load(p + i + lanes), hn::Zero(d), z1);
+    z2 = hn::MulAdd(load(p + i + 2 * lanes), hn::Zero(d), z2);
+    z3 = hn::MulAdd(load(p + i + 3 * lanes), hn::Zero(d), z3);
+  }
+  for (; i < n; i += lanes) z0 = hn::MulAdd(load_n(p + i, size_t(std::min(lanes, n - i))), hn::Zero(d), z0);
+  return sum_lanes(hn::Add(hn::Add(z0, z1), hn::Add(z2, z3))) == 0.0f;
+}
+
 // 1 / v to within an ulp or two of f32 for normal, finite v (not 0, not inf: the Newton step
 // would give NaN), faster than a divide: the hardware estimate (8 bits on NEON, 12 on AVX2, 14 on
 // AVX-512; exact on EMU128/SCALAR) refined by Newton steps r' = r + r (1 - v r), each doubling

@@ -1,5 +1,7 @@
 #include "backends/cpu/tiling.h"
 
+#include <cstdint>
+
 namespace opforge::cpu {
 
 int64_t capacity_block(const TileSpec& spec, int64_t cache_bytes) {
@@ -14,6 +16,15 @@ int64_t capacity_block(const TileSpec& spec, int64_t cache_bytes) {
 
 int64_t capacity_block(const TileSpec& spec) {
   return capacity_block(spec, cpu_info().cache(spec.level).bytes);
+}
+
+bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {
+  if (bytes_moved <= double(cpu_info().l3.bytes)) return false;
+  for (const TensorView* t : outputs) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 64 != 0) return false;
+    if ((t->row_stride() * t->itemsize()) % 64 != 0) return false;
+  }
+  return true;
 }
 
 }  // namespace opforge::cpu

@@ -21,7 +21,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <initializer_list>
+
 #include "backends/cpu/cpu_info.h"
+#include "opforge/tensor.h"
 
 namespace opforge::cpu {
 
@@ -49,5 +52,10 @@ struct RowTasks {
   int64_t begin(int64_t task) const { return task * rows_per_task; }
   int64_t end(int64_t task) const { return std::min(rows, (task + 1) * rows_per_task); }
 };
+
+// Note [streaming stores]: a kernel writes its outputs by non-temporal stores when the call's
+// bytes do not fit the last-level cache (they would not stay there for the next op anyway) and
+// every output row starts on a 64-byte boundary (so every pair step of every target is aligned).
+bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs);
 
 }  // namespace opforge::cpu
