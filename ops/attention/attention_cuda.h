@@ -46,7 +46,17 @@ void attention_decode_cuda_split_async(const Context&, const TensorView& out,
                                        const TensorView& q, const TensorView& k_cache,
                                        const TensorView& v_cache, const TensorView& seq_lens,
                                        double softmax_scale);  // same predicate as cuda_split
-void register_attention_decode_split_cuda(Registry& reg);  // cuda_decode.cu
+// impl cuda_split_mma (cuda_decode_mma.cu): split-KV decoding on tensor cores; predicate: f16 /
+// bf16, head_dim 64 or 128, at most 16 query heads per kv head, aligned rows as cuda_split
+void attention_decode_cuda_split_mma(const Context&, const TensorView& out, const TensorView& q,
+                                     const TensorView& k_cache, const TensorView& v_cache,
+                                     const TensorView& seq_lens, double softmax_scale);
+const char* attention_decode_cuda_split_mma_applicable(const TensorView& out, const TensorView& q,
+                                                       const TensorView& k_cache,
+                                                       const TensorView& v_cache,
+                                                       const TensorView& seq_lens,
+                                                       double softmax_scale);
+void register_attention_decode_split_cuda(Registry& reg);  // cuda_decode.cu: the three split impls
 
 void attention_prefill_cuda(const Context&, const TensorView& out, const TensorView& lse,
                             const TensorView& q, const TensorView& k, const TensorView& v,

@@ -212,6 +212,8 @@ std::vector<Case> attention_decode_cases() {
   add("b2_d32_gqa3", G::edge, {{5, 40}, 40, {6, 2, 32}});
   add("b2_d80_gqa5", G::edge, {{90, 17}, 90, {10, 2, 80}});
   add("b2_d64_rows_pad8", G::edge, {{33, 70}, 70, {8, 2, 64}, 8});
+  // 16 query heads per kv head: all 16 rows of the tensor-core kernel's tiles in use.
+  add("b2_d128_gqa16", G::edge, {{70, 300}, 300, {32, 2, 128}});
   // Hundreds of splits (more than a combine block has threads), one sequence using only the first.
   add("b2_ctx80000_many_splits_d8", G::edge, {{80000, 3}, 80000, {4, 1, 8}});
   return cases;

@@ -1,0 +1,202 @@
+// The parts the split-KV decode kernels share (cuda_decode.cu: cuda_split, cuda_split_async;
+// cuda_decode_mma.cu: cuda_split_mma): the argument block, the split plan, the workspace of
+// partial states and the combine pass.
+//
+// A partial kernel handles one (split, kv head, sequence) per block and writes, for each query
+// head of the group, the unnormalized state of its keys to the workspace: o [B, Hq, splits, D]
+// and (m, l) [B, Hq, splits, 2], f32, m the running maximum of the base-2 scores and
+// l = sum 2^(s - m). A split with no keys writes (m = -inf, l = 0). The combine pass then merges
+// the splits of every (sequence, query head) in split order.
+#pragma once
+
+#include <cuda_pipeline.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/attention/attention_cuda.h"
+
+namespace opforge::cuda::attention_split {
+namespace {
+
+// Keys a split holds at least. Measured on an H200 (2026-11-26, OPFORGE_CUDA_DECODE_MIN_CHUNK,
+// GQA 32/8 x 128, us at 64 / 128 / 256 / 512): batch 1 ctx 8192: 27.9 / 22.3 / 21.0 / 26.0;
+// batch 8 ctx 2048: 44.8 / 36.8 / 33.2 / 34.3; batch 32: 112.8 / 113.0 / 108.2 / 103.4; batch
+// 256 the same at all four (744 us). Shorter splits pay the block's start-up and merge over too
+// few keys.
+constexpr int64_t kMinChunk = 256;
+constexpr int64_t kMaxSplits = 1024;
+constexpr int64_t kMaxPairs = int64_t(1) << 20;  // batch * Hkv: kMaxPairs * kMaxSplits < 2^31
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kWaves = 4;  // waves of resident blocks a launch is sized for
+
+template <class T> struct SplitArgs {
+  T* out;
+  const T* q;
+  const T* k;
+  const T* v;
+  const int32_t* lens;
+  float* part_o;   // [B, Hq, splits, D]
+  float* part_ml;  // [B, Hq, splits, 2]: m (base-2 max), l
+  int64_t out_rs, q_rs, k_rs, v_rs;
+  int64_t hq, hkv, group, d, max_ctx;
+  int64_t chunk, splits;
+  float scale_log2;  // softmax scale * log2(e)
+};
+
+__device__ __forceinline__ int64_t clamp_len(int32_t n, int64_t max_ctx) {
+  return n < 0 ? 0 : (int64_t(n) > max_ctx ? max_ctx : int64_t(n));
+}
+
+// cp.async.wait_group N with a memory clobber, so the compiler cannot move the shared-memory
+// reads of the landed copies above it (the header's __pipeline_wait_prior has no clobber).
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Combine pass: one block of kCombineThreads per (sequence, query head), parallel over the splits
+// (a loop over them in one thread waited out two dependent L2 loads a split: about 0.35 us each,
+// 45 us at 128 splits). The block stages the weights w_s = 2^(m_s - M) in shared memory, sums
+// den = sum_s w_s l_s by block reduction, then each thread accumulates 4 columns of o over every
+// `groups`-th split (independent 16-byte loads) and the groups are added in a fixed order.
+constexpr int kCombineThreads = 256;
+template <class T> __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(SplitArgs<T> p) {
+  __shared__ float s_w[kMaxSplits];
+  __shared__ float s_red[32];
+  __shared__ float4 s_acc[kCombineThreads];
+  const int64_t row = blockIdx.x;  // b * Hq + h
+  const int64_t b = row / p.hq;
+  const int64_t len = clamp_len(p.lens[b], p.max_ctx);
+  const int used = int((len + p.chunk - 1) / p.chunk);  // splits holding keys, <= p.splits
+  const float* ml = p.part_ml + row * p.splits * 2;
+  const float* o = p.part_o + row * p.splits * p.d;
+  const int tid = int(threadIdx.x);
+
+  float big = -INFINITY;
+  for (int s = tid; s < used; s += kCombineThreads) big = fmaxf(big, ml[2 * s]);
+  big = block_max(big, s_red);
+  float den = 0.0f;
+  for (int s = tid; s < used; s += kCombineThreads) {
+    const float ms = ml[2 * s];
+    const float w = ms == -INFINITY ? 0.0f : exp2f(ms - big);  // no finite score in the split: 0
+    s_w[s] = w;
+    den = fmaf(w, ml[2 * s + 1], den);
+  }
+  den = block_sum(den, s_red);  // its barriers also publish s_w
+
+  const int cols = int(p.d / 4), groups = kCombineThreads / cols;  // d <= 256: groups >= 4
+  const int c = tid % cols, grp = tid / cols;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (grp < groups) {
+#pragma unroll 4
+    for (int s = grp; s < used; s += groups) {
+      const float w = s_w[s];
+      if (w != 0.0f) {  // a split without keys holds no o
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(o + int64_t(s) * p.d) + c);
+        acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y);
+        acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
+      }
+    }
+  }
+  s_acc[tid] = acc;
+  __syncthreads();
+  if (tid < cols) {
+    float4 sum = s_acc[tid];
+    for (int g = 1; g < groups; ++g) {
+      const float4 v = s_acc[g * cols + tid];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const bool any = den > 0.0f;  // no key at all: 0
+    T* out = p.out + row * p.out_rs + 4 * tid;
+    out[0] = from_f32<T>(any ? sum.x / den : 0.0f), out[1] = from_f32<T>(any ? sum.y / den : 0.0f);
+    out[2] = from_f32<T>(any ? sum.z / den : 0.0f), out[3] = from_f32<T>(any ? sum.w / den : 0.0f);
+  }
+}
+
+// End of a partial block: the warps' states (s_m, s_l [warp][head] with stride ml_warp; s_o
+// [warp][head][column] with strides o_warp, o_head) merged in warp order for each (query head of
+// the group, column), and written to the workspace slot of (sequence and head, split).
+template <int kWarps, class T>
+__device__ __forceinline__ void write_partials(const SplitArgs<T>& p, const float* s_o, int o_warp,
+                                               int o_head, const float* s_m, const float* s_l,
+                                               int ml_warp, int64_t head0, int64_t split, int tid,
+                                               int threads) {
+  for (int64_t e = tid; e < p.group * p.d; e += threads) {
+    const int h = int(e / p.d), d = int(e % p.d);
+    float big = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, s_m[w * ml_warp + h]);
+    float o = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = s_m[w * ml_warp + h];
+      const float c = mw == -INFINITY ? 0.0f : exp2f(mw - big);
+      o = fmaf(c, s_o[w * o_warp + h * o_head + d], o);
+      sum = fmaf(c, s_l[w * ml_warp + h], sum);
+    }
+    const int64_t slot = (head0 + h) * p.splits + split;
+    p.part_o[slot * p.d + d] = o;
+    if (d == 0) {
+      p.part_ml[2 * slot] = big;
+      p.part_ml[2 * slot + 1] = sum;
+    }
+  }
+}
+
+inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : t.size(-1); }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct Plan {
+  int64_t chunk, splits;
+};
+// Splits so that about kWaves waves of `blocks_per_sm` resident blocks per SM are launched, each
+// split at least kMinChunk keys (rounded to the tile) of the longest possible sequence. Tuning
+// runs override kMinChunk with OPFORGE_CUDA_DECODE_MIN_CHUNK=16..4096.
+inline Plan plan_splits(int64_t sms, int64_t blocks_per_sm, int64_t pairs, int64_t max_ctx,
+                        int64_t tile) {
+  static const int forced_chunk = env_choice("OPFORGE_CUDA_DECODE_MIN_CHUNK", 16, 4096);
+  const int64_t target = std::max<int64_t>(1, sms) * blocks_per_sm * kWaves;
+  const int64_t min_chunk = ceil_div(forced_chunk ? forced_chunk : kMinChunk, tile) * tile;
+  int64_t splits = std::max<int64_t>(1, ceil_div(target, pairs));
+  splits = std::min({splits, std::max<int64_t>(1, ceil_div(max_ctx, min_chunk)), kMaxSplits});
+  const int64_t chunk = ceil_div(std::max<int64_t>(1, ceil_div(max_ctx, splits)), tile) * tile;
+  return {chunk, std::max<int64_t>(1, ceil_div(max_ctx, chunk))};
+}
+
+// The argument block of one call, without the plan and the workspace.
+template <class T>
+SplitArgs<T> make_args(const TensorView& out, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const TensorView& seq_lens, double softmax_scale) {
+  SplitArgs<T> p{};
+  p.out = out.ptr<T>(), p.q = q.ptr<T>(), p.k = k.ptr<T>(), p.v = v.ptr<T>();
+  p.lens = static_cast<const int32_t*>(seq_lens.data);
+  p.out_rs = row_stride_of(out), p.q_rs = row_stride_of(q);
+  p.k_rs = row_stride_of(k), p.v_rs = row_stride_of(v);
+  p.hq = q.size(1), p.hkv = k.size(2), p.group = p.hq / p.hkv, p.d = q.size(2), p.max_ctx = k.size(1);
+  p.scale_log2 = float(attention_scale(softmax_scale, p.d)) * kLog2e;
+  return p;
+}
+
+// Sets the plan into p and points it at the stream's workspace (Note [cuda workspace]); returns
+// the partial kernel's block count (batch * Hkv * splits).
+template <class T>
+int64_t plan_partials(const Context& ctx, SplitArgs<T>& p, int64_t batch, int64_t blocks_per_sm,
+                      int64_t tile) {
+  const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
+  const Plan plan = plan_splits(sms, blocks_per_sm, batch * p.hkv, p.max_ctx, tile);
+  p.chunk = plan.chunk, p.splits = plan.splits;
+  const int64_t entries = batch * p.hq * plan.splits;
+  auto* ws = static_cast<float*>(cuda_workspace(ctx, entries * (p.d + 2) * int64_t(sizeof(float))));
+  p.part_o = ws;
+  p.part_ml = ws + entries * p.d;
+  return batch * p.hkv * plan.splits;
+}
+
+template <class T> void launch_combine(const Context& ctx, const SplitArgs<T>& p, int64_t batch) {
+  split_combine_kernel<T><<<unsigned(batch * p.hq), kCombineThreads, 0, stream_of(ctx)>>>(p);
+  check_launch("attention_decode split combine kernel launch");
+}
+
+}  // namespace
+}  // namespace opforge::cuda::attention_split
