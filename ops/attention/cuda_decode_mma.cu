@@ -17,7 +17,8 @@
 // multiple of 8 elements; batch * Hkv <= 2^20; seq_lens int32.
 //
 // Launch shape. One block of 4 warps per (split, kv head, sequence), the split a multiple of 64
-// keys, the grid sized for 2 (head_dim 128) or 4 (64) resident blocks per SM (plan_splits). Warp
+// keys, the split count chosen for whole waves of 2 (head_dim 128) or 4 (64) resident blocks per
+// SM (plan_balanced). Warp
 // w takes the 16-key tiles w, w + 4, w + 8, ... of its split, each warp on its own: it copies a
 // tile's K and V rows by cp.async (16 bytes a lane and copy) into its own ring of 3 stages in
 // shared memory, two tiles ahead of the one it computes, and needs only __syncwarp between them.
@@ -295,7 +296,8 @@ template <class T, int D> void launch_mma(const Context& ctx, SplitArgs<T>& p, i
           "attention_decode cuda_split_mma: shared memory attribute");
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const int64_t blocks = plan_partials(ctx, p, batch, kMmaBlocksPerSm<D>, kMmaWarps * kTileKeys);
+  const int64_t blocks =
+      plan_partials(ctx, p, batch, kMmaBlocksPerSm<D>, kMmaWarps * kTileKeys, /*balanced=*/true);
   split_mma_kernel<T, D><<<unsigned(blocks), kMmaThreads, kSmem, stream_of(ctx)>>>(p);
   check_launch("attention_decode cuda_split_mma partial kernel launch");
   launch_combine(ctx, p, batch);
