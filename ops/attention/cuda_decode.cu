@@ -398,9 +398,10 @@ const char* attention_decode_cuda_split_applicable(const TensorView&, const Tens
   return nullptr;
 }
 
-// Priorities: the cp.async ring is the default. On an H200 (2026-11-26, bf16, 32/8 heads x 128,
-// context 2048) it ran batch 8 / 32 / 256 in 56 / 115 / 729 us against 69 / 146 / 946 us for the
-// register-tiled cuda_split (and 148 / 421 / 2542 us for the older cuda kernel).
+// Priorities: the tensor-core kernel first, then the cp.async ring, then the register-tiled one.
+// On an H200 (2026-11-27, bf16, 32/8 heads x 128, context 2048, one run) cuda_split_mma ran batch
+// 8 / 32 / 256 in 24.5 / 71.6 / 510.2 us against 33.4 / 108.8 / 738.4 us for cuda_split_async
+// (2026-11-26: cuda_split 69 / 146 / 946 us, the older cuda kernel 148 / 421 / 2542 us).
 void register_attention_decode_split_cuda(Registry& reg) {
   KernelDesc mma = cuda_kernel_desc(
       "cuda_split_mma", 170,
