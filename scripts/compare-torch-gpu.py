@@ -325,7 +325,7 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--prefill-impls", default="cudnn cuda_wmma2",
                     help="attention_prefill kernels to time through `opforge collect` (missing ones are skipped)")
-    ap.add_argument("--decode-impls", default="cuda_split cuda",
+    ap.add_argument("--decode-impls", default="cuda_split_mma cuda_split_async",
                     help="attention_decode kernels to time through `opforge collect` (missing ones are skipped)")
     ap.add_argument("--no-attention", action="store_true", help="leave out the attention section")
     args = ap.parse_args()
