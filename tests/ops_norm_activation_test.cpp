@@ -584,6 +584,24 @@ TEST(CpuTiling, CapacityBlockIsTheLargestFittingPowerOfTwo) {
   std::printf("cpu: %s; SIMD target %s\n", info.str().c_str(), cpu::simd_target_name().c_str());
 }
 
+TEST(CpuTiling, BalancedTasksAreAMultipleOfTheThreadsAndNoLargerThanTheBlock) {
+  const int saved = cpu::set_thread_count_for_testing(2);
+  const cpu::RowTasks three = cpu::balanced({192, 64});  // 3 blocks -> 4 tasks of 48 rows
+  EXPECT_EQ(three.count(), 4);
+  EXPECT_EQ(three.rows_per_task, 48);
+  const cpu::RowTasks odd = cpu::balanced({130, 64});  // 3 blocks -> 33, 33, 33, 31
+  EXPECT_EQ(odd.count(), 4);
+  EXPECT_EQ(odd.end(3) - odd.begin(3), 31);
+  const cpu::RowTasks even = cpu::balanced({256, 64});  // already 4: unchanged
+  EXPECT_EQ(even.rows_per_task, 64);
+  const cpu::RowTasks one = cpu::balanced({50, 64});  // one task stays one (no OpenMP region)
+  EXPECT_EQ(one.count(), 1);
+  EXPECT_EQ(cpu::balanced({0, 64}).count(), 0);
+  cpu::set_thread_count_for_testing(1);
+  EXPECT_EQ(cpu::balanced({192, 64}).rows_per_task, 64);  // one thread: the blocks as they are
+  cpu::set_thread_count_for_testing(saved);
+}
+
 // ---- registration: ops, kernels, cases, shape functions --------------------------------------
 TEST(NormActivationRegistry, OpsKernelsCasesAndShapes) {
   Registry reg;

@@ -541,7 +541,8 @@ void layer_norm_cpu(const Context&, const TensorView& y, const TensorView& x, co
   a.y_stride = y.row_stride();
   a.rows = x.rows();
   a.stream = cpu::stream_outputs(2 * double(x.rows()) * double(a.hidden * x.itemsize()), {&y});
-  const cpu::RowTasks tasks = tasks_of(x.rows(), a.hidden, 2, x.itemsize());
+  // Rows are independent: Note [balanced tasks].
+  const cpu::RowTasks tasks = cpu::balanced(tasks_of(x.rows(), a.hidden, 2, x.itemsize()));
   auto* rows_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::layer_norm_forward_rows);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { rows_fn(a, tasks.begin(t), tasks.end(t)); });
 }

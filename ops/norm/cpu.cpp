@@ -411,7 +411,8 @@ cpu::RowTasks row_tasks(const TensorView& x, int64_t tensors_per_element) {
   return {x.rows(), cpu::capacity_block(spec)};
 }
 
-void run_forward(const NormForwardRows& a, const cpu::RowTasks& tasks) {
+void run_forward(const NormForwardRows& a, const cpu::RowTasks& blocks) {
+  const cpu::RowTasks tasks = cpu::balanced(blocks);  // rows are independent: Note [balanced tasks]
   auto* rows_fn = HWY_DYNAMIC_DISPATCH(norm_cpu::norm_forward_rows);
   cpu::parallel_tasks(tasks.count(),
                       [&](int64_t t) { rows_fn(a, tasks.begin(t), tasks.end(t)); });

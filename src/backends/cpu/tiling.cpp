@@ -1,6 +1,11 @@
 #include "backends/cpu/tiling.h"
 
+#include <algorithm>
 #include <cstdint>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace opforge::cpu {
 
@@ -16,6 +21,18 @@ int64_t capacity_block(const TileSpec& spec, int64_t cache_bytes) {
 
 int64_t capacity_block(const TileSpec& spec) {
   return capacity_block(spec, cpu_info().cache(spec.level).bytes);
+}
+
+RowTasks balanced(RowTasks tasks) {
+  const int64_t n = tasks.count();
+  int threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  if (n <= 1 || threads <= 1) return tasks;
+  const int64_t want = ceil_div(n, threads) * threads;
+  tasks.rows_per_task = std::max<int64_t>(1, ceil_div(tasks.rows, want));
+  return tasks;
 }
 
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {

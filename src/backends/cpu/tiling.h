@@ -53,6 +53,15 @@ struct RowTasks {
   int64_t end(int64_t task) const { return std::min(rows, (task + 1) * rows_per_task); }
 };
 
+// Note [balanced tasks]: a kernel whose every output row depends only on its own input rows (the
+// forward norms, rotary) may cut its rows into a multiple of the thread count of tasks, each at
+// most the capacity block (Note [tiling]), so that the static schedule gives every thread the same
+// number of rows. With blocks alone, 3 blocks on 2 threads run as 2 rounds, the second on one
+// thread: rms_norm at hidden 2048 took 44.8 us at 192 tokens and 21.2 us at 128. Kernels that
+// reduce per task (dw of the norm backward ops) keep the plain blocks, whose results must not
+// depend on the thread count. One task stays one task (no OpenMP region).
+RowTasks balanced(RowTasks tasks);
+
 // Note [streaming stores]: a kernel writes its outputs by non-temporal stores when the call's
 // bytes do not fit the last-level cache (they would not stay there for the next op anyway) and
 // every output row starts on a 64-byte boundary (so every pair step of every target is aligned).
