@@ -76,6 +76,9 @@ std::vector<Case> linear_family_cases(bool backward) {
   add("2x3x40_to_7", CaseGroup::edge, {{2, 3, 40}, 7});
   add("5x67_to_9_x_pad8_w_pad3", CaseGroup::edge, {{5, 67}, 9, true, 8, 3, 0});
   add("5x67_to_9_y_pad5_no_bias", CaseGroup::edge, {{5, 67}, 9, false, 0, 0, 5});
+  // Up to 4 rows: the cpu kernel's dot-product path (Note [decode gemv]), padded rows of x, w, y.
+  add("2x67_to_9_pads_no_bias", CaseGroup::edge, {{2, 67}, 9, false, 8, 3, 5});
+  add("4x1000_to_700_x_pad8", CaseGroup::edge, {{4, 1000}, 700, true, 8, 0, 0});
   return cases;
 }
 

@@ -57,6 +57,13 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const fl
   });
 }
 
+float sdot_serial(int64_t n, const float* a, const float* b) {
+  if (n <= 0) return 0.0f;
+  static std::once_flag serial_blas;  // Note [one thread pool]
+  std::call_once(serial_blas, [] { openblas_set_num_threads(1); });
+  return cblas_sdot(blasint(n), a, 1, b, 1);
+}
+
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;

@@ -88,6 +88,9 @@ namespace opforge::gemm_cpu {
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// sum_i a[i] b[i] on the calling thread (OpenBLAS's sdot; for use inside an OpenMP task).
+float sdot_serial(int64_t n, const float* a, const float* b);
+
 // The same product on the calling thread only (for use inside an OpenMP task).
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
