@@ -259,6 +259,9 @@ TEST(EmbeddingCpu, BackwardIsDeterministicAcrossThreadCounts) {
 TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
   // Enough tokens for several chunks (Note [flce chunks]) at a vocabulary of 32000: the chunk
   // follows the cache size of the machine, so the token count follows the chunk.
+  // An 8 MiB L3 (the 2-core EPYC's) keeps the case small wherever it runs: with the 480 MiB a
+  // VM may report, the chunk is thousands of tokens and the reference takes minutes under ASan.
+  const int64_t saved_l3 = cpu::set_l3_bytes_for_testing(int64_t(8) << 20);
   const int64_t h = 64, vocab = 32000;
   int64_t tokens = 100;
   while (flce_chunks(tokens, vocab, h).token_rows * 2 > tokens && tokens < 16384) tokens *= 2;
@@ -309,6 +312,7 @@ TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
                 (long long)vocab, (long long)h, (long long)chunks.token_rows,
                 (long long)forward_scratch, (long long)backward_scratch, (long long)logits_bytes);
   }
+  cpu::set_l3_bytes_for_testing(saved_l3);
 }
 
 // Not part of the suite (DISABLED_): run with --gtest_also_run_disabled_tests to measure the

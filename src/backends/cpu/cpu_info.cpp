@@ -110,9 +110,20 @@ std::string CpuInfo::str() const {
          std::to_string(threads) + " threads";
 }
 
-const CpuInfo& cpu_info() {
-  static const CpuInfo info = read_cpu_info();
+namespace {
+CpuInfo& mutable_info() {
+  static CpuInfo info = read_cpu_info();
   return info;
+}
+}  // namespace
+
+const CpuInfo& cpu_info() { return mutable_info(); }
+
+int64_t set_l3_bytes_for_testing(int64_t bytes) {
+  CpuInfo& info = mutable_info();
+  const int64_t previous = info.l3.bytes;
+  info.l3.bytes = bytes;
+  return previous;
 }
 
 int set_thread_count_for_testing(int threads) {

@@ -39,6 +39,11 @@ const CpuInfo& cpu_info();
 // size. For tests (results that must not depend on the thread count); cpu_info().threads keeps
 // the value read at start-up.
 int set_thread_count_for_testing(int threads);
+// For tests that must cross an L3-sized threshold (streaming stores, FLCE chunks) with small
+// tensors, on machines that report a large L3 (a VM may report its host's): sets the L3 size
+// cpu_info() reports and returns the previous one. Call from a test's own process only, outside
+// any kernel, and restore it.
+int64_t set_l3_bytes_for_testing(int64_t bytes);
 
 // The fallback sizes of Note [cache sizes].
 inline constexpr int64_t kFallbackL1dBytes = int64_t(32) << 10;
