@@ -165,26 +165,14 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<kAsync, G>))
   __shared__ __align__(16) unsigned char smem[Smem<L, G, kAsync>::bytes];
   __shared__ float s_m[kWarps][G], s_l[kWarps][G];
 
-  const int64_t bid = blockIdx.x;
-  const int64_t split = bid % p.splits, pair = bid / p.splits;
-  const int64_t g = pair % p.hkv, b = pair / p.hkv;
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int sub = lane / L;           // which key of a warp step this lane reads
   const int col = (lane % L) * kVec;  // first of the lane's 8 elements of a row
   const bool has_col = col < p.d;
-  const int64_t len = clamp_len(p.lens[b], p.max_ctx);
-  const int64_t begin = split * p.chunk;
-  const int64_t end = begin + p.chunk < len ? begin + p.chunk : len;
-  const int64_t head0 = b * p.hq + g * p.group;  // q / out row of the group's first query head
-
-  if (begin >= end) {  // the same for the whole block: no keys in this split
-    if (tid < p.group) {
-      const int64_t slot = (head0 + tid) * p.splits + split;
-      p.part_ml[2 * slot] = -INFINITY;
-      p.part_ml[2 * slot + 1] = 0.0f;
-    }
-    return;
-  }
+  const SplitBlock blk = split_block(p, tid);
+  if (blk.begin >= blk.end) return;  // no keys in this split (its state is written)
+  const int64_t split = blk.split, g = blk.g, b = blk.b;
+  const int64_t begin = blk.begin, end = blk.end, head0 = blk.head0;
 
   float qf[G][kVec];
 #pragma unroll

@@ -128,24 +128,12 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm<D>) split_mma_ker
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float s_m[kMmaWarps][kRows], s_l[kMmaWarps][kRows];
 
-  const int64_t bid = blockIdx.x;
-  const int64_t split = bid % p.splits, pair = bid / p.splits;
-  const int64_t g = pair % p.hkv, b = pair / p.hkv;
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment row group and thread in group
-  const int64_t len = clamp_len(p.lens[b], p.max_ctx);
-  const int64_t begin = split * p.chunk;
-  const int64_t end = begin + p.chunk < len ? begin + p.chunk : len;
-  const int64_t head0 = b * p.hq + g * p.group;
-
-  if (begin >= end) {  // the same for the whole block: no keys in this split
-    if (tid < p.group) {
-      const int64_t slot = (head0 + tid) * p.splits + split;
-      p.part_ml[2 * slot] = -INFINITY;
-      p.part_ml[2 * slot + 1] = 0.0f;
-    }
-    return;
-  }
+  const SplitBlock blk = split_block(p, tid);
+  if (blk.begin >= blk.end) return;  // no keys in this split (its state is written)
+  const int64_t split = blk.split, g = blk.g, b = blk.b;
+  const int64_t begin = blk.begin, end = blk.end, head0 = blk.head0;
 
   // Q's A fragments for every k-step: rows gid and gid + 8, columns 2 tig (+1) and 2 tig + 8 (+9)
   // of the step; query heads past the group are zero.

@@ -114,6 +114,30 @@ template <class T> __global__ void __launch_bounds__(kCombineThreads) split_comb
   }
 }
 
+// What a partial block works on: block x = (sequence b, kv head g) x splits + split; its keys
+// [begin, end) of sequence b (clamped to its length), and head0, the q / out row of the group's
+// first query head.
+struct SplitBlock {
+  int64_t split, g, b, begin, end, head0;
+};
+// The block's SplitBlock; for a split with no keys (the same for the whole block) it also writes
+// (m = -inf, l = 0) for the group's heads, and the block has nothing else to do (`begin >= end`).
+template <class T> __device__ __forceinline__ SplitBlock split_block(const SplitArgs<T>& p, int tid) {
+  SplitBlock k;
+  const int64_t bid = blockIdx.x, pair = bid / p.splits;
+  k.split = bid % p.splits, k.g = pair % p.hkv, k.b = pair / p.hkv;
+  const int64_t len = clamp_len(p.lens[k.b], p.max_ctx);
+  k.begin = k.split * p.chunk;
+  k.end = k.begin + p.chunk < len ? k.begin + p.chunk : len;
+  k.head0 = k.b * p.hq + k.g * p.group;
+  if (k.begin >= k.end && tid < p.group) {
+    const int64_t slot = (k.head0 + tid) * p.splits + k.split;
+    p.part_ml[2 * slot] = -INFINITY;
+    p.part_ml[2 * slot + 1] = 0.0f;
+  }
+  return k;
+}
+
 // End of a partial block: the warps' states (s_m, s_l [warp][head] with stride ml_warp; s_o
 // [warp][head][column] with strides o_warp, o_head) merged in warp order for each (query head of
 // the group, column), and written to the workspace slot of (sequence and head, split).
