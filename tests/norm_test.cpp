@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "backends/cpu/cpu_info.h"
-#include "backends/cpu/tiling.h"
 #include "opforge/error.h"
 #include "opforge/registry.h"
 #include "ops/norm/internal.h"
@@ -269,11 +268,11 @@ TEST(NormVariantCpu, BackwardReductionsAreDeterministic) {
 // stores]); their rows must be bit-identical to a small call's (plain stores) on the same rows.
 TEST(NormCpu, StreamingStoresMatchPlainStores) {
   const int64_t hidden = 1024;
-  // Streaming starts past the L3 (Note [streaming stores]); a 1 MiB threshold stands in for it,
-  // so the big calls stream and the 4-row ones do not whatever this machine's L3 (480 MiB on a
-  // VM that reports its host's would make the big tensors take minutes under ASan).
+  // Streaming starts past the L3 (Note [streaming stores]); a 1 MiB L3 stands in for this
+  // machine's, so the big calls stream and the 4-row ones do not whatever it reports (480 MiB on
+  // a VM that reports its host's would make the big tensors take minutes under ASan).
   const int64_t threshold = int64_t(1) << 20;
-  const int64_t saved = cpu::set_stream_threshold_for_testing(threshold);
+  const int64_t saved = cpu::set_l3_bytes_for_testing(threshold);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(t));
     const int64_t rows = threshold / (hidden * dtype_size(t)) + 8;
@@ -303,7 +302,7 @@ TEST(NormCpu, StreamingStoresMatchPlainStores) {
     EXPECT_TRUE(same_bytes(head(y), ys));
     EXPECT_TRUE(same_bytes(head(s), ss));
   }
-  cpu::set_stream_threshold_for_testing(saved);
+  cpu::set_l3_bytes_for_testing(saved);
 }
 
 }  // namespace

@@ -379,11 +379,7 @@ const char* attention_decode_cuda_split_applicable(const TensorView&, const Tens
   if (d % kVec != 0 || d < kVec || d > kMaxDim)
     return "head_dim is not a multiple of 8 in [8, 256]";
   if (hkv > 0 && hq / hkv > kMaxGroup) return "more than 8 query heads per kv head";
-  if (q.size(0) * hkv > kMaxPairs) return "batch * kv heads > 2^20";
-  if (seq_lens.dtype != DType::i32) return "seq_lens is not int32";
-  for (const TensorView* t : {&q, &k_cache, &v_cache})
-    if (const char* why = cuda::pack_rows_problem(*t, d)) return why;
-  return nullptr;
+  return split_inputs_problem(q, k_cache, v_cache, seq_lens, d);
 }
 
 // Priorities: the tensor-core kernel first, then the cp.async ring, then the register-tiled one.

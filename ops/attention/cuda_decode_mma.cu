@@ -325,11 +325,7 @@ const char* attention_decode_cuda_split_mma_applicable(const TensorView&, const 
   const int64_t d = q.size(2), hq = q.size(1), hkv = k_cache.size(2);
   if (d != 64 && d != 128) return "head_dim is not 64 or 128";
   if (hkv > 0 && hq / hkv > kRows) return "more than 16 query heads per kv head";
-  if (q.size(0) * hkv > kMaxPairs) return "batch * kv heads > 2^20";
-  if (seq_lens.dtype != DType::i32) return "seq_lens is not int32";
-  for (const TensorView* t : {&q, &k_cache, &v_cache})
-    if (const char* why = cuda::pack_rows_problem(*t, d)) return why;
-  return nullptr;
+  return split_inputs_problem(q, k_cache, v_cache, seq_lens, d);
 }
 
 }  // namespace opforge

@@ -214,6 +214,18 @@ inline Plan plan_balanced(int64_t sms, int64_t blocks_per_sm, int64_t pairs, int
   return {chunk, ceil_div(max_ctx, chunk)};
 }
 
+// The checks every split kernel's predicate shares, after its own dtype, head_dim and group
+// checks: the grid bound, int32 lengths, 16-byte rows of q and the caches (head_dim d).
+inline const char* split_inputs_problem(const TensorView& q, const TensorView& k_cache,
+                                        const TensorView& v_cache, const TensorView& seq_lens,
+                                        int64_t d) {
+  if (q.size(0) * k_cache.size(2) > kMaxPairs) return "batch * kv heads > 2^20";
+  if (seq_lens.dtype != DType::i32) return "seq_lens is not int32";
+  for (const TensorView* t : {&q, &k_cache, &v_cache})
+    if (const char* why = pack_rows_problem(*t, d)) return why;
+  return nullptr;
+}
+
 // The argument block of one call, without the plan and the workspace.
 template <class T>
 SplitArgs<T> make_args(const TensorView& out, const TensorView& q, const TensorView& k,

@@ -1,7 +1,6 @@
 #include "backends/cpu/tiling.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #ifdef _OPENMP
@@ -36,17 +35,8 @@ RowTasks balanced(RowTasks tasks) {
   return tasks;
 }
 
-namespace {
-std::atomic<int64_t> stream_threshold_override{0};
-}  // namespace
-
-int64_t set_stream_threshold_for_testing(int64_t bytes) {
-  return stream_threshold_override.exchange(std::max<int64_t>(bytes, 0));
-}
-
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {
-  const int64_t forced = stream_threshold_override.load(std::memory_order_relaxed);
-  if (bytes_moved <= double(forced > 0 ? forced : cpu_info().l3.bytes)) return false;
+  if (bytes_moved <= double(cpu_info().l3.bytes)) return false;
   for (const TensorView* t : outputs) {
     if (reinterpret_cast<uintptr_t>(t->data) % 64 != 0) return false;
     if ((t->row_stride() * t->itemsize()) % 64 != 0) return false;

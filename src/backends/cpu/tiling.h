@@ -66,8 +66,5 @@ RowTasks balanced(RowTasks tasks);
 // bytes do not fit the last-level cache (they would not stay there for the next op anyway) and
 // every output row starts on a 64-byte boundary (so every pair step of every target is aligned).
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs);
-// Tests: the byte count above which stream_outputs streams, instead of the L3 size (0 restores
-// it), so a test can cross it with small tensors. Returns the previous override.
-int64_t set_stream_threshold_for_testing(int64_t bytes);
 
 }  // namespace opforge::cpu
