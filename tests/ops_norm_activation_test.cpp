@@ -597,7 +597,26 @@ TEST(CpuTiling, BalancedTasksAreAMultipleOfTheThreadsAndNoLargerThanTheBlock) {
   const cpu::RowTasks one = cpu::balanced({50, 64});  // one task stays one (no OpenMP region)
   EXPECT_EQ(one.count(), 1);
   EXPECT_EQ(cpu::balanced({0, 64}).count(), 0);
+  // One block whose bytes are known: split once each thread gets min_parallel_bytes().
+  const int64_t least = cpu::min_parallel_bytes();
+  const cpu::RowTasks big = cpu::balanced({50, 64, least});  // 50 rows x least bytes: two tasks
+  EXPECT_EQ(big.count(), 2);
+  EXPECT_EQ(big.rows_per_task, 25);
+  const cpu::RowTasks small = cpu::balanced({2, 64, least / 2});  // least bytes in all: one task
+  EXPECT_EQ(small.count(), 1);
+  EXPECT_EQ(cpu::balanced({4, 64, least / 2}).count(), 2);  // 2 x least in all: two tasks
+  EXPECT_EQ(cpu::balanced({1, 64, least * 8}).count(), 1);  // one row cannot be split
+  EXPECT_TRUE(cpu::single_thread_call(double(2 * least - 1)));
+  EXPECT_FALSE(cpu::single_thread_call(double(2 * least)));
+  cpu::TileSpec spec;
+  spec.bytes_per_element = 4;
+  spec.multiplier = 4096;
+  const cpu::RowTasks rows = cpu::row_blocks(10, spec);
+  EXPECT_EQ(rows.bytes_per_row, 4 * 4096);
+  EXPECT_EQ(rows.rows_per_task, cpu::capacity_block(spec));
   cpu::set_thread_count_for_testing(1);
+  EXPECT_EQ(cpu::balanced({50, 64, least}).count(), 1);  // one thread: never split
+  EXPECT_TRUE(cpu::single_thread_call(1e12));
   EXPECT_EQ(cpu::balanced({192, 64}).rows_per_task, 64);  // one thread: the blocks as they are
   cpu::set_thread_count_for_testing(saved);
 }

@@ -89,7 +89,7 @@ cpu::RowTasks row_blocks(int64_t rows, int64_t dim, int64_t bytes_per_element) {
   spec.bytes_per_element = bytes_per_element;
   spec.multiplier = std::max<int64_t>(dim, 1);
   spec.level = cpu::CacheLevel::l2;
-  return {rows, cpu::capacity_block(spec)};
+  return cpu::row_blocks(rows, spec);
 }
 
 }  // namespace
@@ -101,7 +101,7 @@ void embedding_cpu(const Context&, const TensorView& y, const TensorView& ids, c
   const char* src = static_cast<const char*>(w.data);
   char* dst = static_cast<char*>(y.data);
   const int64_t w_stride = w.row_stride() * item, y_stride = y.row_stride() * item;
-  const cpu::RowTasks blocks = row_blocks(tokens, dim, 2 * item);
+  const cpu::RowTasks blocks = cpu::balanced(row_blocks(tokens, dim, 2 * item));  // Note [balanced tasks]
   cpu::parallel_tasks(blocks.count(), [&](int64_t task) {
     for (int64_t i = blocks.begin(task); i < blocks.end(task); ++i)
       std::memcpy(dst + i * y_stride, src + id_at(ids, i) * w_stride, row_bytes);

@@ -482,7 +482,7 @@ cpu::RowTasks tasks_of(int64_t rows, int64_t unit, int64_t tensors_per_element, 
   spec.bytes_per_element = tensors_per_element * itemsize;
   spec.multiplier = std::max<int64_t>(unit, 1);
   spec.level = cpu::CacheLevel::l2;
-  return {rows, cpu::capacity_block(spec)};
+  return cpu::row_blocks(rows, spec);
 }
 
 std::unique_ptr<float[]> floats(int64_t n) {

@@ -130,7 +130,7 @@ cpu::RowTasks row_tasks(const TensorView& x, int64_t tensors_per_element) {
   spec.bytes_per_element = tensors_per_element * x.itemsize();
   spec.multiplier = std::max<int64_t>(x.size(-1), 1);
   spec.level = cpu::CacheLevel::l2;
-  return {x.rows(), cpu::capacity_block(spec)};
+  return cpu::row_blocks(x.rows(), spec);
 }
 
 DytRows dyt_rows(const TensorView& x, const TensorView& alpha, const TensorView& gamma) {
@@ -152,7 +152,7 @@ void dyt_cpu(const Context&, const TensorView& y, const TensorView& x, const Ten
   a.beta = beta.defined() ? beta.data : nullptr;
   a.y = y.data;
   a.y_stride = y.row_stride();
-  const cpu::RowTasks tasks = row_tasks(x, 2);
+  const cpu::RowTasks tasks = cpu::balanced(row_tasks(x, 2));  // Note [balanced tasks]
   auto* rows_fn = HWY_DYNAMIC_DISPATCH(dyt_simd::dyt_forward_rows);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { rows_fn(a, tasks.begin(t), tasks.end(t)); });
 }

@@ -408,7 +408,7 @@ cpu::RowTasks row_tasks(const TensorView& x, int64_t tensors_per_element) {
   spec.bytes_per_element = tensors_per_element * x.itemsize();
   spec.multiplier = hidden;
   spec.level = cpu::CacheLevel::l2;
-  return {x.rows(), cpu::capacity_block(spec)};
+  return cpu::row_blocks(x.rows(), spec);
 }
 
 void run_forward(const NormForwardRows& a, const cpu::RowTasks& blocks) {

@@ -141,7 +141,7 @@ void rotary_cpu_run(const RotaryPlan& p) {
   spec.multiplier = std::max<int64_t>(elements_per_token, 1);
   spec.level = cpu::CacheLevel::l2;
   // Tokens are independent: Note [balanced tasks].
-  const cpu::RowTasks tasks = cpu::balanced({p.tokens, cpu::capacity_block(spec)});
+  const cpu::RowTasks tasks = cpu::balanced(cpu::row_blocks(p.tokens, spec));
   auto* fn = HWY_DYNAMIC_DISPATCH(rotary_cpu::rotary_tokens);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { fn(p, tasks.begin(t), tasks.end(t)); });
 }

@@ -212,7 +212,7 @@ void routing_cpu_run(const RoutingPlan& p) {
   spec.bytes_per_element = dtype_size(p.dtype) + 12;
   spec.multiplier = std::max<int64_t>(p.experts, 1);
   spec.level = cpu::CacheLevel::l2;
-  const cpu::RowTasks tasks{p.tokens, cpu::capacity_block(spec)};
+  const cpu::RowTasks tasks = cpu::balanced(cpu::row_blocks(p.tokens, spec));  // Note [balanced tasks]
   auto* fn = HWY_DYNAMIC_DISPATCH(routing_cpu::route_tokens);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { fn(p, tasks.begin(t), tasks.end(t)); });
 }

@@ -73,7 +73,7 @@ void moe_unpermute_cpu_run(const MoeUnpermutePlan& p) {
   cpu::TileSpec spec;
   spec.bytes_per_element = (p.topk + 1) * dtype_size(p.dtype);
   spec.multiplier = p.hidden;
-  const cpu::RowTasks tasks{p.tokens, cpu::capacity_block(spec)};
+  const cpu::RowTasks tasks = cpu::balanced(cpu::row_blocks(p.tokens, spec));  // Note [balanced tasks]
   auto* fn = HWY_DYNAMIC_DISPATCH(moe_cpu::combine_tokens);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { fn(p, tasks.begin(t), tasks.end(t)); });
 }

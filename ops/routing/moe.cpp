@@ -219,7 +219,7 @@ void moe_permute_cpu(const Context&, const TensorView& permuted, const TensorVie
   cpu::TileSpec spec;
   spec.bytes_per_element = 2 * size;
   spec.multiplier = p.hidden;
-  const cpu::RowTasks tasks{pairs, cpu::capacity_block(spec)};
+  const cpu::RowTasks tasks = cpu::balanced(cpu::row_blocks(pairs, spec));  // Note [balanced tasks]
   const auto* x_bytes = static_cast<const char*>(p.x);
   auto* out_bytes = static_cast<char*>(p.out);
   cpu::parallel_tasks(tasks.count(), [&](int64_t task) {

@@ -215,7 +215,7 @@ void run(SoftmaxKind kind, const TensorView& out, const TensorView& in, const Te
   cpu::TileSpec rows;
   rows.bytes_per_element = (y ? 3 : 2) * in.itemsize() + int64_t(sizeof(float));
   rows.multiplier = std::max<int64_t>(a.n, 1);
-  const cpu::RowTasks tasks{in.rows(), cpu::capacity_block(rows)};
+  const cpu::RowTasks tasks = cpu::balanced(cpu::row_blocks(in.rows(), rows));  // Note [balanced tasks]
   auto* fn = HWY_DYNAMIC_DISPATCH(softmax_simd::softmax_rows);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { fn(a, tasks.begin(t), tasks.end(t)); });
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -23,13 +24,47 @@ int64_t capacity_block(const TileSpec& spec) {
   return capacity_block(spec, cpu_info().cache(spec.level).bytes);
 }
 
+RowTasks row_blocks(int64_t rows, const TileSpec& spec) {
+  RowTasks t;
+  t.rows = rows;
+  t.rows_per_task = capacity_block(spec);
+  t.bytes_per_row = std::max<int64_t>(spec.bytes_per_element, 1) * std::max<int64_t>(spec.multiplier, 1);
+  return t;
+}
+
+namespace {
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+}  // namespace
+
+int64_t min_parallel_bytes() {
+  static const int64_t bytes = [] {
+    const char* v = std::getenv("OPFORGE_CPU_MIN_PARALLEL_BYTES");
+    if (v == nullptr || *v == '\0') return kMinParallelBytes;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    return (*end == '\0' && n >= 1 && n <= (1LL << 30)) ? int64_t(n) : kMinParallelBytes;
+  }();
+  return bytes;
+}
+
+bool single_thread_call(double bytes) {
+  const int threads = max_threads();
+  return threads <= 1 || bytes < double(threads) * double(min_parallel_bytes());
+}
+
 RowTasks balanced(RowTasks tasks) {
   const int64_t n = tasks.count();
-  int threads = 1;
-#ifdef _OPENMP
-  threads = omp_get_max_threads();
-#endif
-  if (n <= 1 || threads <= 1) return tasks;
+  const int threads = max_threads();
+  if (n == 0 || tasks.rows <= 1 || threads <= 1) return tasks;
+  if (n == 1 && (tasks.bytes_per_row <= 0 ||
+                 single_thread_call(double(tasks.rows) * double(tasks.bytes_per_row))))
+    return tasks;
   const int64_t want = ceil_div(n, threads) * threads;
   tasks.rows_per_task = std::max<int64_t>(1, ceil_div(tasks.rows, want));
   return tasks;

@@ -43,24 +43,45 @@ int64_t capacity_block(const TileSpec& spec, int64_t cache_bytes);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Rows cut into tasks of rows_per_task rows (the last one may be shorter).
+// Rows cut into tasks of rows_per_task rows (the last one may be shorter). bytes_per_row, when
+// known (row_blocks), lets balanced() decide whether a one-block call is worth a second thread.
 struct RowTasks {
   int64_t rows = 0;
   int64_t rows_per_task = 1;
+  int64_t bytes_per_row = 0;
 
   int64_t count() const { return rows > 0 ? ceil_div(rows, rows_per_task) : 0; }
   int64_t begin(int64_t task) const { return task * rows_per_task; }
   int64_t end(int64_t task) const { return std::min(rows, (task + 1) * rows_per_task); }
 };
 
+// Blocks of `rows` rows of spec.multiplier elements each: Note [tiling], with the row's bytes
+// (spec.bytes_per_element x spec.multiplier) kept for balanced().
+RowTasks row_blocks(int64_t rows, const TileSpec& spec);
+
 // Note [balanced tasks]: a kernel whose every output row depends only on its own input rows (the
-// forward norms, rotary) may cut its rows into a multiple of the thread count of tasks, each at
-// most the capacity block (Note [tiling]), so that the static schedule gives every thread the same
-// number of rows. With blocks alone, 3 blocks on 2 threads run as 2 rounds, the second on one
-// thread: rms_norm at hidden 2048 took 44.8 us at 192 tokens and 21.2 us at 128. Kernels that
-// reduce per task (dw of the norm backward ops) keep the plain blocks, whose results must not
-// depend on the thread count. One task stays one task (no OpenMP region).
+// forward norms, rotary, softmax, routing, permutes) may cut its rows into a multiple of the
+// thread count of tasks, each at most the capacity block (Note [tiling]), so that the static
+// schedule gives every thread the same number of rows. With blocks alone, 3 blocks on 2 threads
+// run as 2 rounds, the second on one thread: rms_norm at hidden 2048 took 44.8 us at 192 tokens
+// and 21.2 us at 128. A call that fits one block is cut the same way once it moves at least
+// min_parallel_bytes() a thread (kMinParallelBytes; bytes_per_row must be known): one thread
+// working through a whole block left the other idle (rms_norm at hidden 4096: 19.0 us at 32
+// tokens on one thread, 16.4 us at 48 on two), a step in time against tokens that the perf
+// database's interpolation cannot follow. Below that a call stays one task on the calling thread
+// (no OpenMP region), where waking a thread costs about what it saves. Kernels that reduce per
+// task (dw of the norm backward ops) keep the plain blocks, whose results must not depend on the
+// thread count.
 RowTasks balanced(RowTasks tasks);
+
+// Bytes a thread must move before a call is spread over threads (Note [balanced tasks]): measured
+// on the 2-core Xeon machine (docs/perf/cpu.md); tuning runs override it with
+// OPFORGE_CPU_MIN_PARALLEL_BYTES (bytes, 1 .. 2^30).
+inline constexpr int64_t kMinParallelBytes = int64_t(32) << 10;
+int64_t min_parallel_bytes();
+// True when a call moving `bytes` in all should run on the calling thread alone: one thread, or
+// fewer than min_parallel_bytes() per thread.
+bool single_thread_call(double bytes);
 
 // Note [streaming stores]: a kernel writes its outputs by non-temporal stores when the call's
 // bytes do not fit the last-level cache (they would not stay there for the next op anyway) and
