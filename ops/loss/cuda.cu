@@ -11,7 +11,7 @@
 //    (Note [split rows]): 16 rows of a 128k vocab then use the whole card, not 16 SMs.
 //    Reductions run in a fixed order (ops/softmax/row_reduce.cuh), so results are deterministic.
 //  - sum / mean: the per-row losses go to the stream's workspace and one more launch of one
-//    block adds them in a fixed order (each thread a contiguous chunk in f64, then a tree), and
+//    block adds them in a fixed order (Note [loss row reduction]: strided f64 sums, then a tree), and
 //    counts the rows not ignored: no atomics, no host synchronization (no `.item()`).
 //  - Backward: needs no reduction (p = exp(z - lse) from the saved lse), so it is one streaming
 //    pass: 2-D blocks, x over the row's 16-byte packs (or elements), y over rows; each thread

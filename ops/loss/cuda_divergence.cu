@@ -347,13 +347,24 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
   });
 }
 
-// Segments per row of the reduced forward: enough (row, segment) pairs for about 8 blocks of 256
-// threads per SM when rows are few (16 tokens x V = 128k would otherwise be 16 blocks), each
-// segment at least kMinSegmentUnits units (4 per thread of a 256-thread row group).
-constexpr int64_t kMinSegmentUnits = 1024;
+// Segments per row of the reduced forward (Note [segment size]): enough (row, segment) pairs for
+// kSegmentsPerSm per SM when rows are few, each segment at least kMinSegmentUnits units.
+// Note [segment size]: a (row, segment) is read by one warp when it has at most 8 units a lane;
+// with 16 rows of a 128k vocab (16032 bf16 packs a row) and 8 segments per SM, a segment held
+// 1024+ units, so each lane waited out several dependent rounds of loads on an idle card (8.5 us
+// where the bytes take 2). Now 32 segments per SM (four 256-thread blocks of 8 warps each) and a
+// floor of 64 units (2 a lane, one unrolled batch of loads): 16 x 128256 becomes 4000 segments of
+// 64 units, about one wave with every load issued up front. Long rows (hundreds of rows) still
+// give a few segments per row of 128-256 threads each. Tuning runs override the two constants
+// with OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256) and OPFORGE_CUDA_LOSS_MIN_SEGMENT (16..4096).
+constexpr int64_t kSegmentsPerSm = 32;
+constexpr int64_t kMinSegmentUnits = 64;
 int64_t splits_for(int64_t rows, int64_t units, int sm_count) {
-  const int64_t wanted = (int64_t(sm_count) * 8 + rows - 1) / std::max<int64_t>(rows, 1);
-  return std::max<int64_t>(1, std::min(wanted, units / kMinSegmentUnits));
+  static const int per_sm = env_choice("OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM", 1, 256);
+  static const int min_units = env_choice("OPFORGE_CUDA_LOSS_MIN_SEGMENT", 16, 4096);
+  const int64_t segments = int64_t(sm_count) * (per_sm ? per_sm : kSegmentsPerSm);
+  const int64_t wanted = (segments + rows - 1) / std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(1, std::min(wanted, units / (min_units ? min_units : kMinSegmentUnits)));
 }
 
 // kFast: the reduced forward runs pair_rows_unrolled_kernel (vec16 only; Note [unrolled pair

@@ -29,9 +29,12 @@ inline int64_t stride0(const TensorView& t) { return t.size(0) > 1 ? t.stride(0)
 inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
 
 // Note [loss row reduction]: one block of 1024 threads turns `rows` per-row losses (f32, dense;
-// `losses_per_row` consecutive partial sums per row) into one value. Each thread adds a contiguous
-// chunk of rows in f64 (a row's partials in order), then a fixed tree over the block adds the
-// partial sums (and the counts of kept rows): the same bits for the same inputs,
+// `losses_per_row` consecutive partial sums per row) into one value. The rows x losses_per_row
+// partials are one flat array: thread t adds entries t, t + kThreads, ... in f64 (eight loads
+// issued before they are added, so a thread waits out one L2 round trip per eight entries, not one
+// per entry: 16 rows of 250 segment sums each are 16 loads a thread, where a thread per row had 250
+// dependent ones), the kept rows are counted the same way over the labels, then a fixed tree over
+// the block adds the partial sums and counts: the same bits for the same inputs and block size,
 // no atomics, no host synchronization. A row is kept when `labels` is null or labels[row] !=
 // ignore_index; rows that are not kept must have loss 0 (the kernels write 0 for them).
 //   out = count of kept rows                  (count_only; `losses` may be null)
@@ -57,14 +60,23 @@ struct RowReduce {
 template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r) {
   __shared__ double sums[kThreads];
   __shared__ double counts[kThreads];
-  const int64_t chunk = (r.rows + kThreads - 1) / kThreads;
-  const int64_t begin = int64_t(threadIdx.x) * chunk, end = min(r.rows, begin + chunk);
   double s = 0, c = 0;
-  for (int64_t i = begin; i < end; ++i) {
-    const bool kept = r.labels == nullptr || r.labels[i * r.labels_stride] != r.ignore_index;
-    c += kept ? 1.0 : 0.0;
-    if (!r.count_only)
-      for (int64_t j = 0; j < r.losses_per_row; ++j) s += double(__ldcg(r.losses + i * r.losses_per_row + j));
+  if (r.labels == nullptr) {
+    c = threadIdx.x == 0 ? double(r.rows) : 0.0;
+  } else {
+    for (int64_t i = threadIdx.x; i < r.rows; i += kThreads) c += r.labels[i * r.labels_stride] != r.ignore_index ? 1.0 : 0.0;
+  }
+  if (!r.count_only) {
+    constexpr int kBatch = 8;
+    const int64_t total = r.rows * r.losses_per_row;
+    int64_t i = threadIdx.x;
+    for (; i < total; i += kBatch * int64_t(kThreads)) {  // the last batch guarded, still issued together
+      float v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) v[k] = i + k * int64_t(kThreads) < total ? __ldcg(r.losses + i + k * int64_t(kThreads)) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) s += double(v[k]);
+    }
   }
   sums[threadIdx.x] = s;
   counts[threadIdx.x] = c;

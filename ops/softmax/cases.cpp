@@ -67,6 +67,7 @@ std::vector<Case> family_cases(const Spec& spec) {
   add("3x1000", CaseGroup::small, {3, 1000});
   add("16x4096", CaseGroup::medium, {16, 4096});
   add("16x32000", CaseGroup::medium, {16, 32000});
+  add("1x128256", CaseGroup::medium, {1, 128256});  // one row over 256 blocks (Note [split softmax rows])
   add("t16xv32000", CaseGroup::large, {16, 32000});
   add("t1024xv32000", CaseGroup::large, {1024, 32000});
   add("t16xv128256", CaseGroup::large, {16, 128256});

@@ -17,6 +17,7 @@
 //    so every thread of a row holds the same bits (deterministic). Each thread keeps up to
 //    kCache of its units in registers; rows longer than kCache x row threads units read the rest
 //    again in the output pass (an L2 hit for the rows in flight).
+//  - Few rows (fewer than SMs): Note [split softmax rows], below.
 //  - cuda_vec16 (priority 200) moves 16-byte packs (8 bf16/f16 or 4 f32): needs 16-byte aligned
 //    bases, row lengths and strides multiples of the pack (the predicate says which fails);
 //    cuda (priority 100) walks single elements and accepts any layout the check accepts.
@@ -133,6 +134,121 @@ __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
   }
 }
 
+// Note [split softmax rows]: with fewer rows than SMs, a row group per row leaves most SMs idle
+// and makes each thread stream dozens of units (16 rows of a 128256 vocab in bf16: 16 blocks,
+// 57 us). Then a row is cut into `splits` segments, one 256-thread block each, with at most
+// kCache units a thread held in registers. The launch is cooperative (every block resident): a
+// block publishes its segment's partial (forward: max and sum of exp; backward: sum of dy * y or
+// of dy), meets the others at a grid barrier (Note [grid barrier]), merges its row's partials in
+// segment order (so every block of a row gets the same bits) and writes its segment from the
+// registers: each element read once and written once, in one launch. Partials: 2 floats per
+// segment in the stream's workspace. At most kMaxSplits segments a row.
+constexpr int kSplitThreads = 256;
+constexpr int kMaxSplits = 256;
+
+template <class T, bool kVec, Kind kKind>
+__global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p, int64_t splits, int64_t seg_units,
+                                                                      float* partials, unsigned* barrier) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  constexpr bool kBackward = is_backward(kKind);
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  __shared__ float parts[2 * kMaxSplits];
+  __shared__ float merged[2];
+  const int64_t units = p.n / W;
+  const int64_t row = int64_t(blockIdx.x) / splits, seg = int64_t(blockIdx.x) % splits;
+  const int64_t begin = seg * seg_units, end = min(units, begin + seg_units);
+  const T* a = p.a + row * p.a_stride;
+  const T* b = kBackward ? p.b + row * p.b_stride : nullptr;
+  T* out = p.out + row * p.out_stride;
+  float* mine = partials + 2 * (row * splits + seg);
+  typename U::Raw ca[kCache], cb[kBackward ? kCache : 1];
+  if constexpr (!kBackward) {
+    Stats st{-INFINITY, 0.0f};
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t u = begin + threadIdx.x + int64_t(c) * kSplitThreads;
+      if (u < end) ca[c] = U::load(a + u * W);
+    }
+#pragma unroll
+    for (int c = 0; c < kCache; ++c)
+      if (begin + threadIdx.x + int64_t(c) * kSplitThreads < end) st = add_unit<T>(st, U::widen(ca[c]).v);
+    st = row_stats(st, kSplitThreads, stats_scratch);
+    if (threadIdx.x == 0) mine[0] = st.m, mine[1] = st.s;
+  } else {
+    float acc = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      const int64_t u = begin + threadIdx.x + int64_t(c) * kSplitThreads;
+      if (u < end) ca[c] = U::load(a + u * W), cb[c] = U::load(b + u * W);
+    }
+#pragma unroll
+    for (int c = 0; c < kCache; ++c) {
+      if (begin + threadIdx.x + int64_t(c) * kSplitThreads >= end) continue;
+      const typename U::Floats g = U::widen(ca[c]), y = U::widen(cb[c]);
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc += kKind == Kind::softmax_backward ? g.v[j] * y.v[j] : g.v[j];
+    }
+    acc = row_sum(acc, kSplitThreads, sum_scratch);
+    if (threadIdx.x == 0) mine[0] = acc, mine[1] = 0.0f;
+  }
+  grid_barrier(barrier, gridDim.x);
+  // The row's partials, loaded in parallel, merged by thread 0 in segment order.
+  for (int64_t i = threadIdx.x; i < 2 * splits; i += kSplitThreads) parts[i] = __ldcg(partials + 2 * row * splits + i);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if constexpr (!kBackward) {
+      Stats st{parts[0], parts[1]};
+      for (int64_t g = 1; g < splits; ++g) st = merge(st, Stats{parts[2 * g], parts[2 * g + 1]});
+      merged[0] = st.m, merged[1] = st.s;
+    } else {
+      float total = parts[0];
+      for (int64_t g = 1; g < splits; ++g) total += parts[2 * g];
+      merged[0] = total;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int c = 0; c < kCache; ++c) {
+    const int64_t u = begin + threadIdx.x + int64_t(c) * kSplitThreads;
+    if (u >= end) continue;
+    if constexpr (!kBackward) {
+      const float m = merged[0], inv_s = 1.0f / merged[1], log_s = logf(merged[1]);
+      typename U::Floats x = U::widen(ca[c]);
+#pragma unroll
+      for (int j = 0; j < W; ++j)
+        x.v[j] = kKind == Kind::softmax ? exp_of<T>(x.v[j] - m) * inv_s : x.v[j] - m - log_s;
+      U::store(out + u * W, x);
+    } else {
+      const float total = merged[0];
+      typename U::Floats g = U::widen(ca[c]);
+      const typename U::Floats y = U::widen(cb[c]);
+#pragma unroll
+      for (int j = 0; j < W; ++j)
+        g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total) : g.v[j] - exp_of<T>(y.v[j]) * total;
+      U::store(out + u * W, g);
+    }
+  }
+}
+
+// Segments a row for Note [split softmax rows], or 1 to use softmax_kernel: enough blocks for
+// about two per SM, at most as many as are resident at once, each thread's units in registers.
+template <class T, bool kVec, Kind kKind> int64_t split_count(int64_t rows, int64_t units, const CudaDeviceProps& props) {
+  if (rows >= props.sm_count || units < 2) return 1;
+  static const int fit = [] {
+    int n = 0;
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, softmax_split_kernel<T, kVec, kKind>,
+                                                                     kSplitThreads, 0));
+    return n;
+  }();
+  const int64_t resident = int64_t(fit) * props.sm_count;
+  const int64_t least = (units + kSplitThreads * kCache - 1) / (kSplitThreads * kCache);
+  const int64_t want = std::max<int64_t>(least, (2 * int64_t(props.sm_count) + rows - 1) / rows);
+  const int64_t splits = std::min<int64_t>({want, kMaxSplits, units, resident / rows});
+  return splits < 2 || splits < least ? 1 : splits;
+}
+
 int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
 
 template <bool kVec, Kind kKind>
@@ -150,8 +266,15 @@ void run(const Context& ctx, const TensorView& out, const TensorView& a, const T
     if (b) p.b = b->ptr<T>(), p.b_stride = row_stride_of(*b);
     p.rows = rows;
     p.n = n;
-    // Row threads: enough that each thread has at most kCache units, at least a warp.
     const int64_t units = n / W;
+    if (int64_t splits = split_count<T, kVec, kKind>(rows, units, props); splits > 1) {
+      const int64_t seg_units = (units + splits - 1) / splits;
+      splits = (units + seg_units - 1) / seg_units;  // no empty segment
+      auto* partials = static_cast<float*>(cuda_workspace(ctx, rows * splits * 2 * int64_t(sizeof(float))));
+      launch_cooperative(ctx, "softmax split-row cooperative launch", softmax_split_kernel<T, kVec, kKind>,
+                         rows * splits, kSplitThreads, 0, p, splits, seg_units, partials, cuda_grid_barrier(ctx));
+      return;
+    }
     // Row threads: a warp, or more until each thread has at most kCache units, at most a block of
     // 256 (longer rows stream the rest twice); 256-thread blocks keep several rows in flight per
     // SM, which is what hides the latency of a row's two phases.

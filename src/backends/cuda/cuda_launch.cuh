@@ -241,10 +241,14 @@ template <int N> __device__ __forceinline__ void block_sum_n(float (&v)[N], floa
 // One atomic per block: block 0 adds 2^31 - (blocks - 1) and every other block 1, so the top bit
 // of the word flips once all have arrived and the low bits come back to where they were (the
 // word needs no reset, whatever the grid size of the next launch).
+// Memory order: the block barrier orders every thread's writes before thread 0's device-scope
+// fence, and a fence is cumulative over what was ordered before it, so one fence in thread 0
+// publishes the whole block's writes (the pattern of cooperative groups' grid sync). A fence in
+// every thread, as these functions had, cost several microseconds a launch (Note [last block]).
 __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
-  __threadfence();  // this thread's writes, before the block's arrival is announced
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();  // the block's writes, before its arrival is announced
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
     const unsigned before = atomicAdd(state, add);
     volatile unsigned* word = state;
@@ -258,12 +262,13 @@ __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
 // block whose arrival completes the launch (its add flips the top bit), false in the others, so a
 // grid's last block can finish the work of all (a combine, a reduction) in the same launch. The
 // launch need not be cooperative. Writes every block made before arriving are visible to the last
-// one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier.
+// one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier. One
+// device-scope fence in thread 0 after the block barrier, as in grid_barrier.
 __device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
   __shared__ bool last;
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
     const unsigned before = atomicAdd(state, add);
     last = ((before ^ (before + add)) & 0x80000000u) != 0;
