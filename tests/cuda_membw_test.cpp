@@ -3,8 +3,9 @@
 // shapes the harness's test mode does not reach (its large group): 16384 rows, several rows per
 // block, several steps per block. The coop quantizer must match cuda_vec16 bit for bit (both are
 // bit-exact with the reference); the layer_norm kernels must agree within the dtype's tolerance and
-// give the same bits run after run. Skips with the probe's reason when no usable CUDA device is
-// present.
+// give the same bits run after run. fused_linear_cross_entropy's extra device memory at the
+// training shape of Llama-3's head is measured (not planned) on a stream of its own. Skips with the
+// probe's reason when no usable CUDA device is present.
 #include <gtest/gtest.h>
 
 #ifndef OPFORGE_WITH_CUDA
@@ -21,6 +22,7 @@ TEST(CudaMembw, NeedsCuda) { GTEST_SKIP() << "opforge was built without CUDA"; }
 
 #include "backends/cuda/cuda_backend.h"
 #include "ops/layernorm/layernorm_cuda.h"
+#include "ops/linear/linear_cuda.h"
 #include "ops/quant/quant_cuda.h"
 #include "opforge/registry.h"
 #include "opforge/tensor.h"
@@ -146,6 +148,45 @@ TEST(CudaMembw, LayerNormBackwardAsyncMatchesVec16AndRepeats) {
       expect_close(dw[0], dw[2], what + " dw vs vec16", sum_floor);
       expect_close(db[0], db[2], what + " db vs vec16", sum_floor);
     }
+}
+
+// fused_linear_cross_entropy forward and backward at 8,192 tokens x 4,096 -> 128,256 in bf16: the
+// device memory the backend holds after each call, measured with cudaMemGetInfo on a new stream
+// (so the workspace starts empty), stays below 1/8 of the logits in bf16 (2.1 GB) and agrees with
+// the call's own figure (flce_cuda_last_workspace_bytes, Note [flce cuda chunks]).
+TEST(CudaMembw, FlceExtraMemoryIsMeasuredBelowAnEighthOfTheLogits) {
+  REQUIRE_CUDA();
+  const int64_t tokens = 8192, h = 4096, vocab = 128256;
+  const double logits_bytes = double(tokens) * double(vocab) * 2.0;
+  if (double(cuda_free_memory_bytes(0)) < 4.0 * double(vocab) * double(h) * 2.0)
+    GTEST_SKIP() << "not enough free device memory for the 128256 x 4096 weight and its gradient";
+  const Tensor hidden = device_random(Shape{tokens, h}, DType::bf16, 11);
+  const Tensor w = Tensor::zeros(Shape{vocab, h}, DType::bf16, kGpu);  // every logit 0: the bytes are what count
+  Tensor target_host = Tensor::empty(Shape{tokens}, DType::i64);
+  for (int64_t i = 0; i < tokens; ++i) static_cast<int64_t*>(target_host.data())[i] = (i * 7919) % vocab;
+  const Tensor target = Tensor::copy_of(target_host.view(), kGpu, DType::i64);
+  Tensor loss = Tensor::zeros(Shape{}, DType::f32, kGpu), dloss = Tensor::zeros(Shape{}, DType::f32, kGpu);
+  Tensor dhidden = Tensor::zeros(Shape{tokens, h}, DType::bf16, kGpu), dw = Tensor::zeros(Shape{vocab, h}, DType::bf16, kGpu);
+  void* stream = cuda_create_stream(0);
+  const Context ctx{Device::cuda(0), Stream{stream}};
+  const int64_t free0 = cuda_free_memory_bytes(0);
+  ASSERT_EQ(fused_linear_cross_entropy_cuda_applicable(loss, hidden, w, target, TensorView{}, -100, 0.0, "mean"), nullptr);
+  fused_linear_cross_entropy_cuda(ctx, loss, hidden, w, target, TensorView{}, -100, 0.0, "mean");
+  const int64_t planned_fwd = flce_cuda_last_workspace_bytes();
+  const int64_t after_fwd = free0 - cuda_free_memory_bytes(0);
+  fused_linear_cross_entropy_backward_cuda(ctx, dhidden, dw, TensorView{}, dloss, hidden, w, target, TensorView{}, -100,
+                                           0.0, "mean");
+  const int64_t planned_bwd = flce_cuda_last_workspace_bytes();
+  const int64_t after_bwd = free0 - cuda_free_memory_bytes(0);
+  cuda_destroy_stream(0, stream);
+  std::printf("flce %lld x %lld -> %lld bf16: extra device memory held after forward %.1f MiB (planned %.1f), after "
+              "backward %.1f MiB (planned %.1f); 1/8 of the logits %.1f MiB\n",
+              static_cast<long long>(tokens), static_cast<long long>(h), static_cast<long long>(vocab),
+              double(after_fwd) / 1048576.0, double(planned_fwd) / 1048576.0, double(after_bwd) / 1048576.0,
+              double(planned_bwd) / 1048576.0, logits_bytes / 8.0 / 1048576.0);
+  EXPECT_GE(after_fwd, planned_fwd);  // the workspace was allocated on this stream (power of two >= plan)
+  EXPECT_LT(double(after_fwd), logits_bytes / 8.0);
+  EXPECT_LT(double(after_bwd), logits_bytes / 8.0);
 }
 
 }  // namespace

@@ -417,9 +417,9 @@ TEST(LinearEmbeddingRegistry, OpsKernelsAndCases) {
     ASSERT_TRUE(op.cases);
     EXPECT_NE(op.reference(), nullptr);
     EXPECT_EQ(op.kernels.size(), 2u);
-    bool groups[4] = {};
+    bool groups[5] = {};  // small, medium, large, edge (required), training (FLCE's alone)
     for (const Case& c : op.cases()) groups[int(c.group)] = true;
-    for (bool g : groups) EXPECT_TRUE(g);
+    for (int g = 0; g < 4; ++g) EXPECT_TRUE(groups[g]) << g;
   }
 }
 

@@ -26,16 +26,16 @@ void add_harness_flags(CLI::App& cmd, HarnessFlags& f) {
   cmd.add_option("op", f.ops, "ops to run (default: all)");
   cmd.add_option("--backend", f.backends, "impl names or devices (reference, cpu, cuda, ...); repeatable");
   cmd.add_option("--dtype", f.dtypes, "dtypes (f32, f16, bf16, f64); repeatable");
-  cmd.add_option("--group", f.groups, "case groups (small, medium, large, edge); repeatable");
+  cmd.add_option("--group", f.groups, "case groups (small, medium, large, edge, training: only when named); repeatable");
   cmd.add_option("--case", f.cases, "case labels to run (exact, e.g. t1024xh4096), whatever their group; repeatable");
   cmd.add_option("--json", f.json, "write results as JSON");
   cmd.add_option("--csv", f.csv, "write results as CSV");
 }
 
 static CaseGroup parse_group(const std::string& g) {
-  for (CaseGroup c : {CaseGroup::small, CaseGroup::medium, CaseGroup::large, CaseGroup::edge})
+  for (CaseGroup c : {CaseGroup::small, CaseGroup::medium, CaseGroup::large, CaseGroup::edge, CaseGroup::training})
     if (g == case_group_name(c)) return c;
-  throw Error(ErrorCode::unknown_name, "unknown case group '" + g + "'; valid: small, medium, large, edge");
+  throw Error(ErrorCode::unknown_name, "unknown case group '" + g + "'; valid: small, medium, large, edge, training");
 }
 
 harness::Options HarnessFlags::options() const {

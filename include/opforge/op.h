@@ -68,7 +68,9 @@ struct Cost {
 inline double bytes_of(const TensorView& t) { return double(t.numel()) * double(t.itemsize()); }
 
 // ---- harness cases -------------------------------------------------------------------------
-enum class CaseGroup : uint8_t { small, medium, large, edge };
+// training: training-step shapes that only a GPU times in reasonable time (8,192 tokens x a 128k
+// vocab); run only when asked for (--group training or --case), never by default.
+enum class CaseGroup : uint8_t { small, medium, large, edge, training };
 const char* case_group_name(CaseGroup g);
 
 enum class Fill : uint8_t {

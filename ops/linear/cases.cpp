@@ -146,6 +146,7 @@ std::vector<Case> flce_family_cases(bool backward) {
   add("200x64_v1000_chunks_none", CaseGroup::medium, {200, 64, 1000, "none", 0.0, false, -100, some_ignored});
   add("t16_h4096_v32000", CaseGroup::large, {16, 4096, 32000});
   add("t64_h4096_v32000", CaseGroup::large, {64, 4096, 32000});
+  add("t8192_h4096_v128256", CaseGroup::training, {8192, 4096, 128256});  // Llama-3's head, a training step
   add("0x16_v5", CaseGroup::edge, {0, 16, 5});
   add("0x16_v5_sum", CaseGroup::edge, {0, 16, 5, "sum"});
   add("1x1_v1", CaseGroup::edge, {1, 1, 1, "mean", 0.0, true});

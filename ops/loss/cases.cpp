@@ -86,6 +86,7 @@ std::vector<CeSpec> ce_specs() {
   s.push_back({"24x20000_none_ignore_pad8", CaseGroup::medium, 24, 20000, "none", 0, 0, 0, {5, -100, 19999, 0}, -100, 8});
   for (auto [tokens, vocab] : {std::pair<int64_t, int64_t>{16, 32000}, {1024, 32000}, {16, 128256}, {1024, 128256}})
     s.push_back({"t" + std::to_string(tokens) + "xv" + std::to_string(vocab), CaseGroup::large, tokens, vocab});
+  s.push_back({"t8192xv128256", CaseGroup::training, 8192, 128256});  // a training step of Llama-3
   s.push_back({"0x64", CaseGroup::edge, 0, 64});
   s.push_back({"0x64_sum", CaseGroup::edge, 0, 64, "sum"});
   s.push_back({"1x1", CaseGroup::edge, 1, 1});

@@ -170,6 +170,7 @@ bool op_selected(const Options& opt, const OpEntry& op) {
 
 bool group_selected(const Options& opt, CaseGroup g, bool perf) {
   if (!opt.groups.empty()) return std::find(opt.groups.begin(), opt.groups.end(), g) != opt.groups.end();
+  if (g == CaseGroup::training) return false;  // only when asked for
   return perf ? g != CaseGroup::edge : g != CaseGroup::large;
 }
 

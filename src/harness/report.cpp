@@ -17,6 +17,7 @@ const char* case_group_name(CaseGroup g) {
     case CaseGroup::medium: return "medium";
     case CaseGroup::large: return "large";
     case CaseGroup::edge: return "edge";
+    case CaseGroup::training: return "training";
   }
   return "?";
 }

@@ -368,6 +368,29 @@ double cuda_graph_median_us(int device_index, const std::function<void()>& fn, i
                          repeats);
 }
 
+void* cuda_create_stream(int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+void cuda_destroy_stream(int device_index, void* stream) {
+  cuda::DeviceGuard guard(device_index);
+  auto* s = static_cast<cudaStream_t>(stream);
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  WorkspaceCache& cache = workspace_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (auto it = cache.buffers.find({device_index, stream}); it != cache.buffers.end()) {
+      cudaFree(it->second.data);
+      cudaFree(it->second.barrier);
+      cache.buffers.erase(it);
+    }
+  }
+  check(cudaStreamDestroy(s), "cudaStreamDestroy");
+}
+
 int64_t cuda_free_memory_bytes(int device_index) {
   cuda::DeviceGuard guard(device_index);
   size_t free_bytes = 0, total = 0;

@@ -66,6 +66,12 @@ unsigned* cuda_grid_barrier(const Context& ctx);
 // Free device memory in bytes (cudaMemGetInfo), for tests that need to skip huge cases.
 int64_t cuda_free_memory_bytes(int device_index);
 
+// A new non-blocking stream on the device, with no workspace yet (Note [cuda workspace]): for
+// measuring the extra memory an op's calls make the backend hold. cuda_destroy_stream waits for
+// the stream, frees its workspace and barrier words, and destroys it.
+void* cuda_create_stream(int device_index);
+void cuda_destroy_stream(int device_index, void* stream);
+
 // Median time in microseconds of one call of `fn`, which enqueues work on the default stream of
 // `device_index`: after `warmup` calls, `repeats` samples, each CUDA events around
 // `calls_per_sample` back-to-back calls (divided by that count, so launch gaps of small kernels
