@@ -8,7 +8,9 @@
 #      CUDA test run (small cases: the sanitizers slow kernels down a hundredfold),
 #   6. the rest of the test binary,
 #   7. scripts/compare-torch-gpu.py: opforge vs torch eager and torch.compile on the same card
-#      (rms_norm, fused_add_rms_norm, silu_and_mul, bf16, 16 / 1024 / 16384 tokens),
+#      (rms_norm, fused_add_rms_norm, silu_and_mul, bf16, 16 / 1024 / 16384 tokens), and
+#      scripts/compare-torch-train.py (cross_entropy and fused_linear_cross_entropy forward +
+#      backward at 8,192 tokens x vocab 128,256),
 #   8. a dated markdown report (gpu-report-YYYY-MM-DD.md) with the card's name and every figure.
 # The most telling steps come first, and the report is rewritten after every step, so a call cut
 # short still brings back what ran. Logs are teed into $OUT (the device tool returns at most 8
@@ -42,7 +44,8 @@ DATE="$(date -u +%Y-%m-%d)"
 REPORT="$OUT/gpu-report-$DATE.md"
 COMPARE_MD="${TMPDIR:-/tmp}/opforge-compare-torch.md"  # folded into the report ($OUT holds 8 files)
 COMPARE_LOG="${TMPDIR:-/tmp}/opforge-compare-torch.log"
-rm -f "$COMPARE_MD" "$COMPARE_LOG"
+TRAIN_MD="${TMPDIR:-/tmp}/opforge-compare-train.md"  # the training-step losses (step 3b)
+rm -f "$COMPARE_MD" "$COMPARE_LOG" "$TRAIN_MD"
 SKIP=" ${GPU_CHECK_SKIP:-} "
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # NCCL for the all_reduce op's kernel and collect-comm: torch's NCCL wheel when libnccl is not on
@@ -122,6 +125,7 @@ write_report() {
     section "opforge bench --backend cuda" "$OUT/bench.log" '' "=== bench:"
     if [[ -s "$COMPARE_MD" ]]; then echo; sed 's/^# /## /' "$COMPARE_MD";
     else section "compare-torch-gpu.py (no table; log tail)" "$COMPARE_LOG"; fi
+    if [[ -s "$TRAIN_MD" ]]; then echo; echo "## Training-step losses vs torch (compare-torch-train.py)"; echo; cat "$TRAIN_MD"; fi
     section "opforge check --backend cuda (test, grad)" "$OUT/check.log"
     section "compute-sanitizer" "$OUT/sanitizer.log" 'SUMMARY|^=== |Invalid|race|Race|error'
     section "CUDA kernel tests" "$OUT/gtest.log" '^\[ *(OK|FAILED|PASSED|SKIPPED) *\]|Failure|error'
@@ -302,6 +306,9 @@ if [[ $built -eq 1 ]]; then
     compare_args+=(--bench-json "$OUT/bench.json")
   fi
   run_step compare_torch "$COMPARE_LOG" 300 env PYTHONUNBUFFERED=1 python3 scripts/compare-torch-gpu.py "${compare_args[@]}"
+  # cross_entropy and fused_linear_cross_entropy forward + backward at a training step's shape.
+  run_step compare_torch_train "$COMPARE_LOG" 300 env PYTHONUNBUFFERED=1 python3 scripts/compare-torch-train.py \
+    --opforge "$BIN" --out "$TRAIN_MD" --out-dir "${TMPDIR:-/tmp}"
 
   # ---- 4. sanitizers ----------------------------------------------------------------------------
   if command -v compute-sanitizer >/dev/null; then
