@@ -349,16 +349,16 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
 
 // Segments per row of the reduced forward (Note [segment size]): enough (row, segment) pairs for
 // kSegmentsPerSm per SM when rows are few, each segment at least kMinSegmentUnits units.
-// Note [segment size]: a (row, segment) is read by one warp when it has at most 8 units a lane;
-// with 16 rows of a 128k vocab (16032 bf16 packs a row) and 8 segments per SM, a segment held
-// 1024+ units, so each lane waited out several dependent rounds of loads on an idle card (8.5 us
-// where the bytes take 2). Now 32 segments per SM (four 256-thread blocks of 8 warps each) and a
-// floor of 64 units (2 a lane, one unrolled batch of loads): 16 x 128256 becomes 4000 segments of
-// 64 units, about one wave with every load issued up front. Long rows (hundreds of rows) still
-// give a few segments per row of 128-256 threads each. Tuning runs override the two constants
-// with OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256) and OPFORGE_CUDA_LOSS_MIN_SEGMENT (16..4096).
-constexpr int64_t kSegmentsPerSm = 32;
-constexpr int64_t kMinSegmentUnits = 64;
+// Note [segment size]: 16 rows of a 128k vocab would otherwise be 16 blocks; with 8 segments per
+// SM of at least 1024 units (4 per thread of a 256-thread row group), 16 x 128256 in bf16 makes
+// 240 segments. Smaller segments were measured and not taken (H200, 2026-11-27, both settings in
+// one process, twice): 32 per SM with a 64-unit floor gained at 16 x 32000 (kl_div 7.8 -> 6.2 us,
+// jsd 10.2 -> 7.4) but lost at 16 x 128256 (kl_div 7.9 -> 8.8, jsd 10.0 -> 10.8, tvd 5.9 -> 6.8)
+// and at 1024 x 32000 (kl_div 50.4 -> 54.1, tvd 38.6 -> 41.7), the issue's shapes.
+// Tuning runs override the two constants with OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256) and
+// OPFORGE_CUDA_LOSS_MIN_SEGMENT (16..4096).
+constexpr int64_t kSegmentsPerSm = 8;
+constexpr int64_t kMinSegmentUnits = 1024;
 int64_t splits_for(int64_t rows, int64_t units, int sm_count) {
   static const int per_sm = env_choice("OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM", 1, 256);
   static const int min_units = env_choice("OPFORGE_CUDA_LOSS_MIN_SEGMENT", 16, 4096);
