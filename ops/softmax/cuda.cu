@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
 
 // Note [split softmax rows]: with fewer rows than SMs, a row group per row leaves most SMs idle
 // and makes each thread stream dozens of units (16 rows of a 128256 vocab in bf16: 16 blocks,
-// 57 us). Then a row is cut into `splits` segments, one 256-thread block each, with at most
-// kCache units a thread held in registers. The launch is cooperative (every block resident): a
+// 42.5 us on an H200; split, 9.0 us). Then a row is cut into `splits` segments, one 256-thread
+// block each, with at most kCache units a thread held in registers. The launch is cooperative (every block resident): a
 // block publishes its segment's partial (forward: max and sum of exp; backward: sum of dy * y or
 // of dy), meets the others at a grid barrier (Note [grid barrier]), merges its row's partials in
 // segment order (so every block of a row gets the same bits) and writes its segment from the
