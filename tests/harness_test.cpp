@@ -137,3 +137,35 @@ TEST(PerfInputs, FollowTheFillRuleInTheDtype) {
 }
 
 }  // namespace
+
+// The training group (training-step shapes, minutes a call on a CPU) runs only when named: by
+// --group training or by a case label; no default selection of check or bench includes it.
+#include "harness/instance.h"
+
+namespace {
+
+TEST(HarnessSelection, TrainingCasesRunOnlyWhenNamed) {
+  using opforge::CaseGroup;
+  using opforge::harness::detail::case_selected;
+  using opforge::harness::detail::group_selected;
+  opforge::harness::Options opt;
+  EXPECT_FALSE(group_selected(opt, CaseGroup::training, false));
+  EXPECT_FALSE(group_selected(opt, CaseGroup::training, true));
+  EXPECT_TRUE(group_selected(opt, CaseGroup::large, true));
+  EXPECT_FALSE(group_selected(opt, CaseGroup::large, false));
+  EXPECT_TRUE(group_selected(opt, CaseGroup::small, false));
+  opt.groups = {CaseGroup::training};
+  EXPECT_TRUE(group_selected(opt, CaseGroup::training, true));
+  EXPECT_TRUE(group_selected(opt, CaseGroup::training, false));
+  EXPECT_FALSE(group_selected(opt, CaseGroup::large, true));
+  opforge::Case c;
+  c.label = "t8192xv128256";
+  c.group = CaseGroup::training;
+  opforge::harness::Options named;
+  EXPECT_FALSE(case_selected(named, c, true));
+  named.cases = {"t8192xv128256"};
+  EXPECT_TRUE(case_selected(named, c, true));
+  EXPECT_STREQ(opforge::case_group_name(CaseGroup::training), "training");
+}
+
+}  // namespace

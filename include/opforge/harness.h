@@ -31,7 +31,7 @@ struct Options {
   // available kernel. `-rms_norm` restricts rms_norm to its reference, `rms_norm=cpu` to cpu.
   Policy policy;
   std::vector<DType> dtypes;         // empty: every dtype each kernel claims
-  std::vector<CaseGroup> groups;     // empty: test/grad small+medium+edge, perf small+medium+large
+  std::vector<CaseGroup> groups;     // empty: test/grad small+medium+edge, perf small+medium+large (never training)
   std::vector<std::string> cases;    // case labels (exact); empty: every case of the chosen groups.
                                      // A label chosen here runs whatever its group.
   uint64_t seed = 20261125;
