@@ -19,11 +19,12 @@ Run on the GPU machine from the repository root after building build-gpu/ (scrip
 does both). Needs torch with CUDA.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
+
+import opforge_bench_json
 
 BATCH = 20
 TOKENS = (16, 1024, 16384)
@@ -61,21 +62,11 @@ def opforge_times(args):
     path = args.bench_json
     if not path:
         path = os.path.join(args.out_dir, "compare-opforge-bench.json")
-        cmd = [args.opforge, "bench", *OPS, "--backend", "cuda", "--dtype", "bf16", "--group", "large",
-               "--json", path]
-        print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    with open(path) as f:
-        doc = json.load(f)
-    best = {}
-    for r in doc["results"]:
-        if r["mode"] != "perf" or r["status"] != "pass" or r["dtype"] != "bf16":
-            continue
-        if not r["device"].startswith("cuda") or r["median_us"] <= 0:
-            continue
-        key = (r["op"], r["case"])  # e.g. t1024xh4096, t1024xi14336, t1024xv128256
-        if key not in best or r["median_us"] < best[key][1]:
-            best[key] = (r["impl"], r["median_us"])
+        doc = opforge_bench_json.run_bench(args.opforge, [*OPS, "--backend", "cuda", "--dtype", "bf16", "--group",
+                                                          "large"], path)
+    else:
+        doc = opforge_bench_json.load(path)
+    best = opforge_bench_json.fastest_cuda(doc)  # keys like (op, "t1024xh4096")
     return best, doc.get("cuda_copy_gbps", 0.0), doc.get("cuda_device", "")
 
 

@@ -18,10 +18,10 @@ Writes a markdown table to --out and prints it. Run on the GPU machine from the 
 after building build-gpu/. Needs torch with CUDA.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
+
+import opforge_bench_json
 
 TOKENS, HIDDEN, VOCAB = 8192, 4096, 128256
 CE_CASE = f"t{TOKENS}xv{VOCAB}"
@@ -33,20 +33,9 @@ OPS = ("cross_entropy", "cross_entropy_backward", "fused_linear_cross_entropy",
 def opforge_times(args):
     """{op: (impl, us)} for the training cases (fastest CUDA kernel), copy ceiling, device name."""
     path = os.path.join(args.out_dir, "compare-train-opforge.json")
-    cmd = [args.opforge, "bench", *OPS, "--backend", "cuda", "--dtype", "bf16", "--group", "training",
-           "--no-reference", "--json", path]
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    with open(path) as f:
-        doc = json.load(f)
-    best = {}
-    for r in doc["results"]:
-        if r["mode"] != "perf" or r["status"] != "pass" or r["dtype"] != "bf16" or r["median_us"] <= 0:
-            continue
-        if not r["device"].startswith("cuda") or r["case"] not in (CE_CASE, FLCE_CASE):
-            continue
-        if r["op"] not in best or r["median_us"] < best[r["op"]][1]:
-            best[r["op"]] = (r["impl"], r["median_us"])
+    doc = opforge_bench_json.run_bench(args.opforge, [*OPS, "--backend", "cuda", "--dtype", "bf16", "--group",
+                                                      "training", "--no-reference"], path)
+    best = {op: v for (op, case), v in opforge_bench_json.fastest_cuda(doc).items() if case in (CE_CASE, FLCE_CASE)}
     missing = [op for op in OPS if op not in best]
     if missing:
         raise SystemExit(f"opforge bench gave no time for {missing} (see {path})")
