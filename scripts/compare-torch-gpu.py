@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 
-import opforge_bench_json
+import compare_common
 
 BATCH = 20
 TOKENS = (16, 1024, 16384)
@@ -62,11 +62,11 @@ def opforge_times(args):
     path = args.bench_json
     if not path:
         path = os.path.join(args.out_dir, "compare-opforge-bench.json")
-        doc = opforge_bench_json.run_bench(args.opforge, [*OPS, "--backend", "cuda", "--dtype", "bf16", "--group",
+        doc = compare_common.run_bench(args.opforge, [*OPS, "--backend", "cuda", "--dtype", "bf16", "--group",
                                                           "large"], path)
     else:
-        doc = opforge_bench_json.load(path)
-    best = opforge_bench_json.fastest_cuda(doc)  # keys like (op, "t1024xh4096")
+        doc = compare_common.load(path)
+    best = compare_common.fastest_cuda(doc)  # keys like (op, "t1024xh4096")
     return best, doc.get("cuda_copy_gbps", 0.0), doc.get("cuda_device", "")
 
 
@@ -189,19 +189,7 @@ def time_graph_us(torch, fn, args, reps):
 
 def time_stream_us(torch, fn, args, reps):
     """Median µs per call: events around BATCH back-to-back calls (host overhead included)."""
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(BATCH):
-            fn(*args)
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop) * 1000.0 / BATCH)
-    return statistics.median(samples)
+    return compare_common.events_median_ms(torch, lambda: fn(*args), BATCH, reps) * 1000.0
 
 
 def opforge_attention(args):

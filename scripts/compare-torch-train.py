@@ -19,9 +19,8 @@ after building build-gpu/. Needs torch with CUDA.
 """
 import argparse
 import os
-import statistics
 
-import opforge_bench_json
+import compare_common
 
 TOKENS, HIDDEN, VOCAB = 8192, 4096, 128256
 CE_CASE = f"t{TOKENS}xv{VOCAB}"
@@ -33,30 +32,13 @@ OPS = ("cross_entropy", "cross_entropy_backward", "fused_linear_cross_entropy",
 def opforge_times(args):
     """{op: (impl, us)} for the training cases (fastest CUDA kernel), copy ceiling, device name."""
     path = os.path.join(args.out_dir, "compare-train-opforge.json")
-    doc = opforge_bench_json.run_bench(args.opforge, [*OPS, "--backend", "cuda", "--dtype", "bf16", "--group",
+    doc = compare_common.run_bench(args.opforge, [*OPS, "--backend", "cuda", "--dtype", "bf16", "--group",
                                                       "training", "--no-reference"], path)
-    best = {op: v for (op, case), v in opforge_bench_json.fastest_cuda(doc).items() if case in (CE_CASE, FLCE_CASE)}
+    best = {op: v for (op, case), v in compare_common.fastest_cuda(doc).items() if case in (CE_CASE, FLCE_CASE)}
     missing = [op for op in OPS if op not in best]
     if missing:
         raise SystemExit(f"opforge bench gave no time for {missing} (see {path})")
     return best, doc.get("cuda_copy_gbps", 0.0), doc.get("cuda_device", "")
-
-
-def time_steps_ms(torch, step, iters, reps):
-    """Median over `reps` runs of (CUDA-event time of `iters` back-to-back steps) / iters, in ms."""
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(iters):
-            step()
-        stop.record()
-        stop.synchronize()
-        out.append(start.elapsed_time(stop) / iters)
-    return statistics.median(out)
 
 
 def extra_peak_bytes(torch, step):
@@ -89,7 +71,7 @@ def torch_times(torch, args):
         def step(fn=fn):
             logits.grad = None
             fn(logits, target).backward()
-        res[("ce", name)] = time_steps_ms(torch, step, args.iters, args.reps)
+        res[("ce", name)] = compare_common.events_median_ms(torch, step, args.iters, args.reps)
     del logits
     torch.cuda.empty_cache()
 
@@ -101,7 +83,7 @@ def torch_times(torch, args):
         w.grad = None
         F.cross_entropy((hidden @ w.t()).float(), target).backward()
 
-    res[("flce", "eager")] = time_steps_ms(torch, unfused, max(args.iters // 4, 2), args.reps)
+    res[("flce", "eager")] = compare_common.events_median_ms(torch, unfused, max(args.iters // 4, 2), args.reps)
     res[("flce", "extra_bytes")] = extra_peak_bytes(torch, unfused)
     return res, torch.__version__
 

@@ -21,7 +21,8 @@ std::string read_line(const std::string& path) {
   return line;
 }
 
-// "32K", "8192K", "1M", "524288" -> bytes; 0 when unreadable.
+}  // namespace
+
 int64_t parse_size(const std::string& text) {
   if (text.empty()) return 0;
   char* end = nullptr;
@@ -34,6 +35,8 @@ int64_t parse_size(const std::string& text) {
     default: return int64_t(value);
   }
 }
+
+namespace {
 
 // Source 1 of Note [cache sizes]: the data or unified cache of `level` in cpu0's sysfs entries.
 int64_t sysfs_cache_bytes(int level) {

@@ -45,6 +45,10 @@ int set_thread_count_for_testing(int threads);
 // any kernel, and restore it.
 int64_t set_l3_bytes_for_testing(int64_t bytes);
 
+// "32K", "8192K", "1M", "524288" -> bytes (sysfs sizes, the OPFORGE_CPU_* overrides); 0 when
+// unreadable.
+int64_t parse_size(const std::string& text);
+
 // The fallback sizes of Note [cache sizes].
 inline constexpr int64_t kFallbackL1dBytes = int64_t(32) << 10;
 inline constexpr int64_t kFallbackL2Bytes = int64_t(1) << 20;

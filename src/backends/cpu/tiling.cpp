@@ -45,10 +45,8 @@ int max_threads() {
 int64_t min_parallel_bytes() {
   static const int64_t bytes = [] {
     const char* v = std::getenv("OPFORGE_CPU_MIN_PARALLEL_BYTES");
-    if (v == nullptr || *v == '\0') return kMinParallelBytes;
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    return (*end == '\0' && n >= 1 && n <= (1LL << 30)) ? int64_t(n) : kMinParallelBytes;
+    const int64_t n = v != nullptr ? parse_size(v) : 0;
+    return n >= 1 && n <= (int64_t(1) << 30) ? n : kMinParallelBytes;
   }();
   return bytes;
 }

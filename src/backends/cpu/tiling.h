@@ -76,7 +76,7 @@ RowTasks balanced(RowTasks tasks);
 
 // Bytes a thread must move before a call is spread over threads (Note [balanced tasks]): measured
 // on the 2-core Xeon machine (docs/perf/cpu.md); tuning runs override it with
-// OPFORGE_CPU_MIN_PARALLEL_BYTES (bytes, 1 .. 2^30).
+// OPFORGE_CPU_MIN_PARALLEL_BYTES (bytes, 1 .. 2^30, "32K" style accepted).
 inline constexpr int64_t kMinParallelBytes = int64_t(32) << 10;
 int64_t min_parallel_bytes();
 // True when a call moving `bytes` in all should run on the calling thread alone: one thread, or

@@ -1,6 +1,7 @@
-"""Running `opforge bench --json` and reading its results, for the side-by-side scripts
-(compare-torch-gpu.py, compare-torch-train.py)."""
+"""What the side-by-side scripts (compare-torch-gpu.py, compare-torch-train.py) share: running
+`opforge bench --json` and reading its results, and timing torch with CUDA events."""
 import json
+import statistics
 import subprocess
 
 
@@ -29,3 +30,21 @@ def fastest_cuda(doc, dtype="bf16"):
         if key not in best or r["median_us"] < best[key][1]:
             best[key] = (r["impl"], r["median_us"])
     return best
+
+
+def events_median_ms(torch, call, iters, reps):
+    """Median over `reps` runs of (CUDA-event time of `iters` back-to-back calls) / iters, in ms,
+    after three warm-up calls (host overhead included)."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(iters):
+            call()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) / iters)
+    return statistics.median(samples)
