@@ -239,6 +239,10 @@ if [[ $built -eq 1 ]]; then
   [[ -n ${GPU_CHECK_COLLECT:-} ]] && check_json="${TMPDIR:-/tmp}/check-test.json"
   run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$check_json"
   run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
+  # fused_linear_cross_entropy with forced small blocks (Note [flce cuda blocks]): many token and
+  # vocabulary blocks, short last ones, at the cases' small sizes.
+  run_step check_flce_blocks "$OUT/check.log" 120 env OPFORGE_CUDA_FLCE_BLOCK=64x256 "$BIN" check \
+    --backend cuda --mode test fused_linear_cross_entropy fused_linear_cross_entropy_backward
   # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
   run_step bench "$OUT/bench.log" 300 "$BIN" bench ${GPU_CHECK_BENCH_ARGS:-} --backend cuda --json "$OUT/bench.json"
 

@@ -1,7 +1,7 @@
 // CUDA kernels of the loss family (kl_div, jsd, tvd: ops/loss/cuda_divergence.cu) and of
 // fused_linear_cross_entropy (ops/linear/flce_cuda.cu): what runs without a GPU in a CUDA build.
 // The vec16 predicates name what rules a layout out; the fused kernel's chunk plan keeps its
-// workspace below 1/8 of the logits (Note [flce cuda chunks]). Correctness on the device is the
+// workspace below 1/8 of the logits (Note [flce cuda blocks]). Correctness on the device is the
 // harness's (`opforge check --backend cuda`).
 #include <gtest/gtest.h>
 
@@ -12,7 +12,9 @@ TEST(CudaLoss, NeedsCuda) { GTEST_SKIP() << "opforge was built without CUDA"; }
 #else
 
 #include <cstdint>
+#include <cstdlib>
 
+#include "backends/cuda/cuda_backend.h"
 #include "opforge/tensor.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/loss/loss_cuda.h"
@@ -66,27 +68,44 @@ TEST(CudaLoss, DivergenceVec16PredicatesExplainRejections) {
             nullptr);
 }
 
-// Note [flce cuda chunks]: at the shape (8,192 tokens, H 4,096, V 128,256, bf16) the
-// workspace of either call stays below 1/8 of the logits in the input dtype; chunks are
-// multiples of 64 rows; small problems take one chunk; 200 tokens at V = 1,000 take four.
-TEST(CudaLoss, FlceChunksKeepTheWorkspaceBelowAnEighthOfTheLogits) {
+// Note [flce cuda blocks]: at the shape (8,192 tokens, H 4,096, V 128,256, bf16) the
+// workspace of either call stays below 1/8 of the logits in the input dtype, the forward takes
+// every token in one block and the backward equal blocks of a multiple of 64 rows; small
+// problems take one block; OPFORGE_CUDA_FLCE_BLOCK forces one.
+TEST(CudaLoss, FlceBlocksKeepTheWorkspaceBelowAnEighthOfTheLogits) {
   const int64_t tokens = 8192, h = 4096, vocab = 128256;
   const double eighth = double(tokens) * double(vocab) * 2.0 / 8.0;
   for (bool backward : {false, true})
     for (bool reduced : {false, true}) {
       const FlceCudaPlan p = flce_cuda_plan(tokens, h, vocab, DType::bf16, backward, reduced && !backward);
-      int64_t allocated = 1;  // the backend grows its workspace to the next power of two
-      while (allocated < p.workspace_bytes) allocated *= 2;
+      const int64_t allocated = cuda_workspace_bytes_for(p.workspace_bytes);  // Note [cuda workspace]
       EXPECT_LT(double(allocated), eighth) << backward << reduced;
-      EXPECT_GE(p.chunk_rows, 64);
-      EXPECT_EQ(p.chunk_rows % 64, 0);
+      EXPECT_GT(double(allocated), 0.75 * eighth) << backward << reduced;  // most of the budget in use
+      EXPECT_GE(p.vocab_cols, 2048) << backward << reduced;
+      EXPECT_EQ(p.vocab_cols % 128, 0);
+      if (backward) {
+        EXPECT_EQ(p.token_rows % 64, 0);
+        const int64_t blocks = (tokens + p.token_rows - 1) / p.token_rows;
+        EXPECT_LE(blocks, 2);  // dw is rounded once per token block
+        EXPECT_LT(int64_t(blocks - 1) * p.token_rows, tokens);
+      } else {
+        EXPECT_EQ(p.token_rows, tokens);
+      }
     }
   const FlceCudaPlan f32 = flce_cuda_plan(tokens, h, vocab, DType::f32, true, false);
   EXPECT_LT(double(f32.workspace_bytes), double(tokens) * double(vocab) * 4.0 / 8.0);
-  EXPECT_EQ(flce_cuda_plan(64, 4096, 32000, DType::bf16, true, false).chunk_rows, 64);
-  EXPECT_EQ(flce_cuda_plan(8, 24, 11, DType::f16, false, true).chunk_rows, 8);
-  EXPECT_EQ(flce_cuda_plan(200, 64, 1000, DType::bf16, true, false).chunk_rows, 64);
-  EXPECT_EQ(flce_cuda_plan(0, 16, 5, DType::f32, true, false).chunk_rows, 1);
+  EXPECT_EQ(f32.token_rows, tokens);  // no 16-bit dhidden accumulator: every token in one block
+  const FlceCudaPlan small = flce_cuda_plan(64, 4096, 32000, DType::bf16, true, false);
+  EXPECT_EQ(small.token_rows, 64);
+  EXPECT_EQ(small.vocab_cols, 32000);
+  EXPECT_EQ(flce_cuda_plan(8, 24, 11, DType::f16, false, true).token_rows, 8);
+  EXPECT_EQ(flce_cuda_plan(200, 64, 1000, DType::bf16, true, false).token_rows, 200);
+  EXPECT_EQ(flce_cuda_plan(0, 16, 5, DType::f32, true, false).token_rows, 1);
+  setenv("OPFORGE_CUDA_FLCE_BLOCK", "64x256", 1);
+  const FlceCudaPlan forced = flce_cuda_plan(200, 64, 1000, DType::bf16, true, false);
+  unsetenv("OPFORGE_CUDA_FLCE_BLOCK");
+  EXPECT_EQ(forced.token_rows, 64);
+  EXPECT_EQ(forced.vocab_cols, 256);
 }
 
 }  // namespace

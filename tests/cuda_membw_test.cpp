@@ -158,7 +158,7 @@ TEST(CudaMembw, LayerNormBackwardAsyncMatchesVec16AndRepeats) {
 // fused_linear_cross_entropy forward and backward at 8,192 tokens x 4,096 -> 128,256 in bf16: the
 // device memory the backend holds after each call, measured with cudaMemGetInfo on a new stream
 // (so the workspace starts empty), stays below 1/8 of the logits in bf16 (2.1 GB) and agrees with
-// the call's own figure (flce_cuda_last_workspace_bytes, Note [flce cuda chunks]).
+// the call's own figure (flce_cuda_last_workspace_bytes, Note [flce cuda blocks]).
 TEST(CudaMembw, FlceExtraMemoryIsMeasuredBelowAnEighthOfTheLogits) {
   REQUIRE_CUDA();
   const int64_t tokens = 8192, h = 4096, vocab = 128256;
@@ -173,18 +173,20 @@ TEST(CudaMembw, FlceExtraMemoryIsMeasuredBelowAnEighthOfTheLogits) {
   Tensor loss = Tensor::zeros(Shape{}, DType::f32, kGpu), dloss = Tensor::zeros(Shape{}, DType::f32, kGpu);
   Tensor dhidden = Tensor::zeros(Shape{tokens, h}, DType::bf16, kGpu), dw = Tensor::zeros(Shape{vocab, h}, DType::bf16, kGpu);
   Tensor db = Tensor::zeros(Shape{vocab}, DType::bf16, kGpu);  // the backward always writes db (the op's check)
+  Tensor lse = Tensor::zeros(Shape{tokens}, DType::f32, kGpu);  // an output of the forward, read by the backward
   void* stream = cuda_create_stream(0);
   const Context ctx{Device::cuda(0), Stream{stream}};
   const int64_t free0 = cuda_free_memory_bytes(0);
-  ASSERT_EQ(fused_linear_cross_entropy_cuda_applicable(loss, hidden, w, target, TensorView{}, -100, 0.0, "mean"), nullptr);
-  fused_linear_cross_entropy_cuda(ctx, loss, hidden, w, target, TensorView{}, -100, 0.0, "mean");
+  ASSERT_EQ(fused_linear_cross_entropy_cuda_applicable(loss, lse, hidden, w, target, TensorView{}, -100, 0.0, "mean"),
+            nullptr);
+  fused_linear_cross_entropy_cuda(ctx, loss, lse, hidden, w, target, TensorView{}, -100, 0.0, "mean");
   const int64_t planned_fwd = flce_cuda_last_workspace_bytes();
   const int64_t after_fwd = free0 - cuda_free_memory_bytes(0);
-  ASSERT_EQ(fused_linear_cross_entropy_backward_cuda_applicable(dhidden, dw, db, dloss, hidden, w, target, TensorView{},
-                                                                -100, 0.0, "mean"),
+  ASSERT_EQ(fused_linear_cross_entropy_backward_cuda_applicable(dhidden, dw, db, dloss, hidden, w, target, lse,
+                                                                TensorView{}, -100, 0.0, "mean"),
             nullptr);
-  fused_linear_cross_entropy_backward_cuda(ctx, dhidden, dw, db, dloss, hidden, w, target, TensorView{}, -100, 0.0,
-                                           "mean");
+  fused_linear_cross_entropy_backward_cuda(ctx, dhidden, dw, db, dloss, hidden, w, target, lse, TensorView{}, -100,
+                                           0.0, "mean");
   const int64_t planned_bwd = flce_cuda_last_workspace_bytes();
   const int64_t after_bwd = free0 - cuda_free_memory_bytes(0);
   cuda_destroy_stream(0, stream);
@@ -193,7 +195,7 @@ TEST(CudaMembw, FlceExtraMemoryIsMeasuredBelowAnEighthOfTheLogits) {
               static_cast<long long>(tokens), static_cast<long long>(h), static_cast<long long>(vocab),
               double(after_fwd) / 1048576.0, double(planned_fwd) / 1048576.0, double(after_bwd) / 1048576.0,
               double(planned_bwd) / 1048576.0, logits_bytes / 8.0 / 1048576.0);
-  EXPECT_GE(after_fwd, planned_fwd);  // the workspace was allocated on this stream (power of two >= plan)
+  EXPECT_GE(after_fwd, planned_fwd);  // the workspace was allocated on this stream (Note [cuda workspace])
   EXPECT_LT(double(after_fwd), logits_bytes / 8.0);
   EXPECT_LT(double(after_bwd), logits_bytes / 8.0);
 }

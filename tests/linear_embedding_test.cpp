@@ -69,13 +69,14 @@ struct FlceArgs {
   Tensor hidden = filled({4, 8}, DType::f32, 1), w = filled({6, 8}, DType::f32, 2);
   Tensor target = values({4}, DType::i64, {1, -100, 5, 0});
   Tensor loss = Tensor::zeros({}, DType::f32), loss_none = Tensor::zeros({4}, DType::f32);
+  Tensor lse = Tensor::zeros({4}, DType::f32);
 };
 
 TEST(FlceChecks, RejectsBadArguments) {
   FlceArgs a;
   auto check = [&](const TensorView& loss, const TensorView& target, double ls = 0.0,
                    std::string_view reduction = "mean", const TensorView& b = TensorView{}) {
-    FusedLinearCrossEntropy::check(loss, a.hidden, a.w, target, b, -100, ls, reduction);
+    FusedLinearCrossEntropy::check(loss, a.lse, a.hidden, a.w, target, b, -100, ls, reduction);
   };
   EXPECT_NO_THROW(check(a.loss, a.target));
   EXPECT_NO_THROW(check(a.loss_none, a.target, 0.1, "none"));
@@ -90,12 +91,18 @@ TEST(FlceChecks, RejectsBadArguments) {
   expect_arg_error([&] { check(a.loss, a.target, 0.0, "none"); }, "loss", "shape [4]");
   expect_arg_error([&] { check(Tensor::zeros({}, DType::bf16), a.target); }, "loss", "dtype f32");
   expect_arg_error([&] { check(a.loss, a.target, 0.0, "mean", Tensor::zeros({5}, DType::f32)); }, "b", "[6]");
-  expect_arg_error([&] { FusedLinearCrossEntropy::check(a.loss, a.hidden, Tensor::zeros({6, 9}, DType::f32),
+  expect_arg_error([&] { FusedLinearCrossEntropy::check(a.loss, a.lse, a.hidden, Tensor::zeros({6, 9}, DType::f32),
                                                         a.target, TensorView{}, -100, 0.0, "mean"); }, "w", "[6, 8]");
+  auto lse_check = [&](const TensorView& lse) {
+    FusedLinearCrossEntropy::check(a.loss, lse, a.hidden, a.w, a.target, TensorView{}, -100, 0.0, "mean");
+  };
+  expect_arg_error([&] { lse_check(Tensor::zeros({3}, DType::f32)); }, "lse", "[4]");
+  expect_arg_error([&] { lse_check(Tensor::zeros({4}, DType::bf16)); }, "lse", "dtype f32");
+  expect_arg_error([&] { lse_check(TensorView{}); }, "lse");
   Tensor dh = Tensor::zeros({4, 8}, DType::f32), dw = Tensor::zeros({6, 8}, DType::f32);
   Tensor db = Tensor::zeros({6}, DType::f32);
   auto bcheck = [&](const TensorView& dhidden, const TensorView& dloss, std::string_view r = "mean") {
-    FusedLinearCrossEntropyBackward::check(dhidden, dw, db, dloss, a.hidden, a.w, a.target,
+    FusedLinearCrossEntropyBackward::check(dhidden, dw, db, dloss, a.hidden, a.w, a.target, a.lse,
                                            TensorView{}, -100, 0.0, r);
   };
   EXPECT_NO_THROW(bcheck(dh, Tensor::zeros({}, DType::bf16)));
@@ -103,9 +110,17 @@ TEST(FlceChecks, RejectsBadArguments) {
   expect_arg_error([&] { bcheck(dh, a.loss, "none"); }, "dloss", "shape [4]");
   expect_arg_error([&] { bcheck(a.hidden, a.loss); }, "dhidden", "overlap");
   expect_arg_error([&] { FusedLinearCrossEntropyBackward::check(dh, dw, db, a.loss, a.hidden, a.w,
-                                                                values({4}, DType::i64, {9, 0, 0, 0}),
+                                                                values({4}, DType::i64, {9, 0, 0, 0}), a.lse,
                                                                 TensorView{}, -100, 0.0, "mean"); },
                    "target", "9 at index 0");
+  expect_arg_error([&] { FusedLinearCrossEntropyBackward::check(dh, dw, db, a.loss, a.hidden, a.w, a.target,
+                                                                Tensor::zeros({5}, DType::f32), TensorView{},
+                                                                -100, 0.0, "mean"); },
+                   "lse", "[4]");
+  expect_arg_error([&] { FusedLinearCrossEntropyBackward::check(dh, dw, db, a.loss, a.hidden, a.w, a.target,
+                                                                Tensor::zeros({4}, DType::i32), TensorView{},
+                                                                -100, 0.0, "mean"); },
+                   "lse");
 }
 
 TEST(EmbeddingChecks, RejectsBadArguments) {
@@ -135,18 +150,18 @@ TEST(LinearEmbeddingChecks, RejectedCallsLeaveOutputsUntouched) {
   Tensor x = filled({4, 8}, DType::f32, 1), w = filled({6, 8}, DType::f32, 2);
   Tensor y = Tensor::zeros({4, 6}, DType::f32), loss = Tensor::zeros({}, DType::f32);
   Tensor ids = values({4}, DType::i64, {0, 1, 9, 2}), emb = Tensor::zeros({4, 8}, DType::f32);
-  Tensor bad_target = values({4}, DType::i64, {0, 1, 6, 2});
-  for (const Tensor* t : {&y, &loss, &emb}) std::memset(t->data(), 0x5a, size_t(t->nbytes()));
+  Tensor bad_target = values({4}, DType::i64, {0, 1, 6, 2}), lse = Tensor::zeros({4}, DType::f32);
+  for (const Tensor* t : {&y, &loss, &emb, &lse}) std::memset(t->data(), 0x5a, size_t(t->nbytes()));
   const std::vector<std::pair<std::string, std::vector<Value>>> calls = {
       {"linear", {y.view(), x.view(), w.view(), Tensor::zeros({5}, DType::f32).view()}},
-      {"fused_linear_cross_entropy", {loss.view(), x.view(), w.view(), bad_target.view(), None{},
-                                      int64_t(-100), 0.0, std::string("mean")}},
+      {"fused_linear_cross_entropy", {loss.view(), lse.view(), x.view(), w.view(), bad_target.view(),
+                                      None{}, int64_t(-100), 0.0, std::string("mean")}},
       {"embedding", {emb.view(), ids.view(), w.view(), int64_t(-1)}},
   };
   for (const auto& [op, args] : calls) {
     SCOPED_TRACE(op);
     EXPECT_THROW(reg.call(op, args), Error);
-    for (const Tensor* t : {&y, &loss, &emb})
+    for (const Tensor* t : {&y, &loss, &emb, &lse})
       for (int64_t i = 0; i < t->nbytes(); ++i)
         ASSERT_EQ(static_cast<unsigned char*>(t->data())[i], 0x5a);
   }
@@ -188,25 +203,32 @@ TEST(FlceReference, MatchesPlainCrossEntropyOfTheLogits) {
   Tensor target = values({3}, DType::i64, {2, -100, 0});
   const std::vector<std::vector<double>> z = {{1.5, 2, 2.5}, {0.5, 0, -0.5}, {-0.5, 5, 1.5}};
   const std::vector<int64_t> t = {2, -100, 0};
+  Tensor lse = Tensor::zeros({3}, DType::f64);
   for (double ls : {0.0, 0.2}) {
     Tensor loss = Tensor::zeros({}, DType::f64);
-    fused_linear_cross_entropy_reference(kCtx, loss, hidden, w, target, b, -100, ls, "mean");
+    fused_linear_cross_entropy_reference(kCtx, loss, lse, hidden, w, target, b, -100, ls, "mean");
     EXPECT_NEAR(at(loss, 0), plain_ce(z, t, ls, true, -100), 1e-12);
-    fused_linear_cross_entropy_reference(kCtx, loss, hidden, w, target, b, -100, ls, "sum");
+    fused_linear_cross_entropy_reference(kCtx, loss, lse, hidden, w, target, b, -100, ls, "sum");
     EXPECT_NEAR(at(loss, 0), plain_ce(z, t, ls, false, -100), 1e-12);
+  }
+  // lse is written for every token, the ignored one too.
+  for (size_t n = 0; n < 3; ++n) {
+    double s = 0;
+    for (double v : z[n]) s += std::exp(v);
+    EXPECT_NEAR(at(lse, int64_t(n)), std::log(s), 1e-12);
   }
   // Every token ignored: mean is 0, and so is every gradient.
   Tensor none = values({3}, DType::i64, {-100, -100, -100}), loss = Tensor::zeros({}, DType::f64);
-  fused_linear_cross_entropy_reference(kCtx, loss, hidden, w, none, b, -100, 0.0, "mean");
+  fused_linear_cross_entropy_reference(kCtx, loss, lse, hidden, w, none, b, -100, 0.0, "mean");
   EXPECT_EQ(at(loss, 0), 0.0);
   Tensor dh = Tensor::zeros({3, 3}, DType::f64), dw = Tensor::zeros({3, 3}, DType::f64);
   Tensor db = Tensor::zeros({3}, DType::f64), dloss = values({}, DType::f64, {1.0});
-  fused_linear_cross_entropy_backward_reference(kCtx, dh, dw, db, dloss, hidden, w, none, b, -100,
-                                                0.0, "mean");
+  fused_linear_cross_entropy_backward_reference(kCtx, dh, dw, db, dloss, hidden, w, none, lse, b,
+                                                -100, 0.0, "mean");
   for (int i = 0; i < 9; ++i) EXPECT_EQ(at(dh, i), 0.0);
   // The gradient for one token: softmax - onehot, so db sums to 0 over the vocab.
-  fused_linear_cross_entropy_backward_reference(kCtx, dh, dw, db, dloss, hidden, w, target, b, -100,
-                                                0.0, "sum");
+  fused_linear_cross_entropy_backward_reference(kCtx, dh, dw, db, dloss, hidden, w, target, lse, b,
+                                                -100, 0.0, "sum");
   EXPECT_NEAR(at(db, 0) + at(db, 1) + at(db, 2), 0.0, 1e-12);
 }
 
@@ -277,18 +299,20 @@ TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {
     Tensor hidden = filled({tokens, h}, dtype, 12), w = filled({vocab, h}, dtype, 13, 0.125);
     Tensor b = filled({vocab}, dtype, 14);
     Tensor loss = Tensor::zeros({}, DType::f32), want = Tensor::zeros({}, DType::f32);
-    fused_linear_cross_entropy_cpu(kCtx, loss, hidden, w, target, b, -100, 0.1, "mean");
+    Tensor lse = Tensor::zeros({tokens}, DType::f32), lse_ref = Tensor::zeros({tokens}, DType::f32);
+    fused_linear_cross_entropy_cpu(kCtx, loss, lse, hidden, w, target, b, -100, 0.1, "mean");
     const int64_t forward_scratch = flce_cpu_last_scratch_bytes();
-    fused_linear_cross_entropy_reference(kCtx, want, hidden, w, target, b, -100, 0.1, "mean");
+    fused_linear_cross_entropy_reference(kCtx, want, lse_ref, hidden, w, target, b, -100, 0.1, "mean");
     EXPECT_NEAR(at(loss, 0), at(want, 0), 1e-4 * std::abs(at(want, 0)));
+    for (int64_t n = 0; n < tokens; ++n) ASSERT_NEAR(at(lse, n), at(lse_ref, n), 1e-5 * std::abs(at(lse_ref, n)));
     Tensor dh = Tensor::zeros({tokens, h}, dtype), dw = Tensor::zeros({vocab, h}, dtype);
     Tensor db = Tensor::zeros({vocab}, dtype), dloss = values({}, DType::f32, {1.0});
-    fused_linear_cross_entropy_backward_cpu(kCtx, dh, dw, db, dloss, hidden, w, target, b, -100, 0.1, "mean");
+    fused_linear_cross_entropy_backward_cpu(kCtx, dh, dw, db, dloss, hidden, w, target, lse, b, -100, 0.1, "mean");
     const int64_t backward_scratch = flce_cpu_last_scratch_bytes();
     Tensor dh_ref = Tensor::zeros({tokens, h}, dtype), dw_ref = Tensor::zeros({vocab, h}, dtype);
     Tensor db_ref = Tensor::zeros({vocab}, dtype);
     fused_linear_cross_entropy_backward_reference(kCtx, dh_ref, dw_ref, db_ref, dloss, hidden, w,
-                                                  target, b, -100, 0.1, "mean");
+                                                  target, lse_ref, b, -100, 0.1, "mean");
     const double tol = dtype == DType::f32 ? 1e-5 : 2e-2;
     for (const auto& [got, ref] : {std::pair{&dh, &dh_ref}, {&dw, &dw_ref}, {&db, &db_ref}}) {
       double max_ref = 0, max_err = 0;
@@ -336,12 +360,13 @@ TEST(FlceCpu, DISABLED_FusedAgainstUnfusedTimeAndMemory) {
     Tensor db = Tensor::zeros({vocab}, dtype);
     auto seconds = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     auto t0 = Clock::now();
-    fused_linear_cross_entropy_cpu(kCtx, loss, hidden, w, target, TensorView{}, -100, 0.0, "mean");
+    Tensor saved_lse = Tensor::zeros({tokens}, DType::f32);
+    fused_linear_cross_entropy_cpu(kCtx, loss, saved_lse, hidden, w, target, TensorView{}, -100, 0.0, "mean");
     const double fused_fwd = seconds(t0);
     const int64_t fused_fwd_bytes = flce_cpu_last_scratch_bytes();
     t0 = Clock::now();
-    fused_linear_cross_entropy_backward_cpu(kCtx, dh, dw, db, dloss, hidden, w, target, TensorView{},
-                                            -100, 0.0, "mean");
+    fused_linear_cross_entropy_backward_cpu(kCtx, dh, dw, db, dloss, hidden, w, target, saved_lse,
+                                            TensorView{}, -100, 0.0, "mean");
     const double fused_bwd = seconds(t0);
     const int64_t fused_bwd_bytes = flce_cpu_last_scratch_bytes();
     // Unfused: logits, cross-entropy, dlogits, linear_backward.

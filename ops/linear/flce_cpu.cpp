@@ -23,7 +23,8 @@
 // Why it is fast: the three products (logits, dhidden = G w, dw += G^T hidden) are OpenBLAS
 // sgemm calls on whole chunks (token_rows x vocab x H each); the per-row passes are Highway
 // vectors (max, then exp and sums in one pass; the gradient is written over the logits in place)
-// with OpenMP over rows. Deterministic: the per-token losses are reduced in token order in
+// with OpenMP over rows. The backward takes each token's lse from the forward (its lse output),
+// so its row pass is the gradient alone. Deterministic: the per-token losses are reduced in token order in
 // double, db and dw sum the chunks in order, and no product is split over k (Note [one thread
 // pool], ops/linear/internal.h).
 #undef HWY_TARGET_INCLUDE
@@ -232,7 +233,8 @@ FlceChunks flce_chunks(int64_t tokens, int64_t vocab, int64_t hidden) {
 int64_t flce_cpu_last_scratch_bytes() { return last_scratch_bytes; }
 
 void fused_linear_cross_entropy_cpu(const Context&, const TensorView& loss,
-                                    const TensorView& hidden, const TensorView& w,
+                                    const TensorView& lse, const TensorView& hidden,
+                                    const TensorView& w,
                                     const TensorView& target, const TensorView& b,
                                     int64_t ignore_index, double label_smoothing,
                                     std::string_view reduction) {
@@ -256,11 +258,12 @@ void fused_linear_cross_entropy_cpu(const Context&, const TensorView& loss,
       cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
         for (int64_t row = tasks.begin(task); row < tasks.end(task); ++row) {
           const int64_t n = n0 + row, t = target_at(target, n);
-          if (t == ignore_index) continue;
           const float* z = logits.get() + row * p.vocab;
-          float lse = 0, mean_z = 0;
-          stats_fn(z, p.vocab, &lse, &mean_z);
-          losses[size_t(n)] = (1.0 - ls) * (double(lse) - z[t]) + ls * (double(lse) - mean_z);
+          float lse_n = 0, mean_z = 0;
+          stats_fn(z, p.vocab, &lse_n, &mean_z);
+          store_from_double(lse.data, lse.dtype, n * lse.stride(0), lse_n);
+          if (t == ignore_index) continue;
+          losses[size_t(n)] = (1.0 - ls) * (double(lse_n) - z[t]) + ls * (double(lse_n) - mean_z);
         }
       });
     }
@@ -278,8 +281,8 @@ void fused_linear_cross_entropy_cpu(const Context&, const TensorView& loss,
 void fused_linear_cross_entropy_backward_cpu(
     const Context&, const TensorView& dhidden, const TensorView& dw, const TensorView& db,
     const TensorView& dloss, const TensorView& hidden, const TensorView& w,
-    const TensorView& target, const TensorView& b, int64_t ignore_index, double label_smoothing,
-    std::string_view reduction) {
+    const TensorView& target, const TensorView& lse, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction) {
   const Reduction r = parse_reduction(FusedLinearCrossEntropyBackward::name, reduction);
   Problem p(hidden, w, target, b, ignore_index, label_smoothing);
   const int64_t chunk = p.chunks.token_rows, tile = p.chunks.vocab_rows;
@@ -294,7 +297,6 @@ void fused_linear_cross_entropy_backward_cpu(
   const int64_t lddw = p.f32 ? dw.row_stride() : p.h;
   if (p.tokens == 0) gemm_cpu::sgemm(false, false, p.vocab, p.h, 0, nullptr, 1, nullptr, 1, 0.0f, dwp, lddw);
   std::fill(db_acc.get(), db_acc.get() + p.vocab, 0.0f);
-  auto* stats_fn = HWY_DYNAMIC_DISPATCH(flce_cpu::row_stats);
   auto* grad_fn = HWY_DYNAMIC_DISPATCH(flce_cpu::row_gradient);
   const float ls = p.label_smoothing;
   for (int64_t n0 = 0; n0 < p.tokens; n0 += chunk) {
@@ -313,9 +315,8 @@ void fused_linear_cross_entropy_backward_cpu(
           continue;
         }
         const float up = float(upstream_of(dloss, r, n, scale));
-        float lse = 0, mean_z = 0;
-        stats_fn(z, p.vocab, &lse, &mean_z);
-        grad_fn(z, p.vocab, lse, up, up * ls / float(p.vocab));
+        const float lse_n = float(load_as_double(lse.data, lse.dtype, n * lse.stride(0)));
+        grad_fn(z, p.vocab, lse_n, up, up * ls / float(p.vocab));
         z[t] -= up * (1.0f - ls);
       }
     });
@@ -347,7 +348,8 @@ const char* flce_reason(const TensorView& hidden, const TensorView& w) {
 }
 }  // namespace
 
-const char* fused_linear_cross_entropy_cpu_applicable(const TensorView&, const TensorView& hidden,
+const char* fused_linear_cross_entropy_cpu_applicable(const TensorView&, const TensorView&,
+                                                      const TensorView& hidden,
                                                       const TensorView& w, const TensorView&,
                                                       const TensorView&, int64_t, double,
                                                       std::string_view) {
@@ -356,8 +358,8 @@ const char* fused_linear_cross_entropy_cpu_applicable(const TensorView&, const T
 
 const char* fused_linear_cross_entropy_backward_cpu_applicable(
     const TensorView& dhidden, const TensorView& dw, const TensorView&, const TensorView&,
-    const TensorView& hidden, const TensorView& w, const TensorView&, const TensorView&, int64_t,
-    double, std::string_view) {
+    const TensorView& hidden, const TensorView& w, const TensorView&, const TensorView&,
+    const TensorView&, int64_t, double, std::string_view) {
   if (const char* why = flce_reason(hidden, w)) return why;
   if (dhidden.row_stride() > int64_t(INT32_MAX) || dw.row_stride() > int64_t(INT32_MAX))
     return "a size exceeds the 32-bit BLAS interface";

@@ -5,42 +5,54 @@
 // range-checked: a target outside [0, V) other than ignore_index gives NaN, as cross_entropy's
 // CUDA kernels), the op's check has run.
 //
-// Technique. The [tokens, V] logits never exist: tokens are taken in chunks (Note [flce cuda
-// chunks]); for each chunk
-//  1. logits [rows, V] in f32 = hidden_chunk . w^T (+ b: the chunk is first filled with b and the
-//     product added with beta = 1) by one cuBLASLt GEMM (cuda::lt::matmul, ops/linear/cublaslt.cuh:
-//     the linear op's handle and algorithm cache; A/B in the input dtype, D in f32, f32
-//     accumulation), so the logits are never rounded to the input dtype;
-//  2. the cross_entropy CUDA kernels (ops/loss/cuda.cu: cross_entropy_cuda(_vec16) with reduction
-//     none) read each logit row once for lse and the row's loss (16-byte packs when V % 4 == 0);
-//  3. backward only: cross_entropy_backward_cuda(_vec16) turns the chunk into its gradient G in
-//     place (f32, from the lse just computed; reduction none with the dloss slice, or sum with
-//     the scalar upstream gradient: dloss, or dloss / counted tokens computed on the device);
-//     one column pass adds G's column sums (rows in order) into an f32 db accumulator and, for
-//     f16 / bf16, writes G in the input dtype (cuBLASLt multiplies operands of one dtype); then
-//     dhidden_chunk = G . w (beta 0, one rounding) and dw (+)= G^T . hidden_chunk (beta 0 for the
-//     first chunk, 1 after: f32 accumulation inside each product; a 16-bit dw is rounded once per
-//     chunk). db is rounded once at the end.
+// Technique. The [tokens, V] logits never exist: they are produced one block of `rows` tokens x
+// `cols` vocabulary columns at a time (Note [flce cuda blocks]) by one cuBLASLt GEMM
+// (cuda::lt::matmul, ops/linear/cublaslt.cuh: the linear op's handle and algorithm cache; A/B in
+// the input dtype, D in f32, f32 accumulation; with a bias the block is first filled with b and
+// the product added with beta = 1), so the logits are never rounded to the input dtype.
+//  - Forward: for each token block, the vocabulary blocks go by in order and one warp per row
+//    folds each into the row's running (max, sum of exp, sum of z) and picks z[target] when the
+//    target falls in the block (online log-sum-exp, merged in a fixed order). A last pass per
+//    row writes lse (for every token) and the loss. Long vocabulary blocks keep the GEMMs'
+//    M = rows large (all 8,192 tokens of a training step at once), where cuBLASLt runs near peak.
+//  - Backward: the forward's lse makes the gradient of a block local: G = g (exp(z - lse) -
+//    (1 - ls) [v == t] - ls / V) needs nothing from other blocks. So the vocabulary is the inner
+//    loop: per block, the logits GEMM, one element-wise pass that writes G (in the input dtype
+//    for f16 / bf16: cuBLASLt multiplies operands of one dtype) and each column's partial sum per
+//    64-row group, then
+//      dw[v0 .. v0 + cols) (+)= G^T . hidden_block   (k = rows; beta 0 for the first token block),
+//      dhidden_block (+)= G . w[v0 .. v0 + cols)     (k = cols; f32 accumulator for 16-bit),
+//    and db's accumulator adds the column partials in group order. Each dw slice is written once
+//    per token block (once in all when every token fits one block), with f32 sums of the block's
+//    whole k; dhidden is accumulated in f32 across vocabulary blocks and rounded once.
 // The per-token losses of sum / mean are added by Note [loss row reduction] (one block, fixed
 // order, on the device: no host synchronization; mean of zero counted tokens is 0). Everything
 // lives in the stream's workspace (Note [cuda workspace]): no allocation after the first call of
 // a shape. Shapes for which cuBLASLt has no algorithm (or K = 0) take a tiled GEMM (64 x 64 tiles,
 // f32 sums, any strides) instead. Deterministic: fixed-order reductions, cached algorithms,
-// chunks in order.
+// blocks in order.
 //
-// Note [flce cuda chunks]: with s the input dtype's size, the call's workspace is
-//   32 MiB (cuBLASLt) + chunk x (4 V + 8) (f32 logits, lse, loss) + chunk x s V (16-bit G,
-//   backward) + 4 V (db accumulator, backward) + 4 tokens (per-token losses, reduced forward).
-// chunk = the most rows for which that total stays within the largest power of two not above
-// tokens x V x s / 8 (1/8 of the logits in the input dtype; a power of two because the backend
-// grows its workspace to the next power of two), rounded down to a multiple of 64, and at least
-// 64 (at most all tokens). So the extra memory of a call stays below 1/8 of the logits once 64
-// rows fit under that eighth: at V = 128256 in bf16 from about 2,600 tokens on (backward; 2,100
-// forward); below that the 64-row floor and cuBLASLt's 32 MiB dominate. At 8,192 tokens: chunks
-// of 192 rows forward and 128 backward, about 132 MB of workspace against 263 MB (1/8 of 2.1 GB
-// of bf16 logits). flce_cuda_last_workspace_bytes() tells a call's figure, flce_cuda_plan() the
-// plan of a shape.
+// Note [flce cuda blocks]: with s the input dtype's size, a call's workspace is
+//   32 MiB (cuBLASLt) + rows x ld x e (the block; ld = cols rounded up to 8) + rows x r
+//   + 4 V (db accumulator, backward) + 4 tokens (per-token losses, reduced forward),
+// e = 4 (f32 logits) in the forward and 4 + s (G in the input dtype, 16-bit only) + 1 (column
+// partials) in the backward; r = 16 (running row statistics) in the forward and 4 H (the f32
+// dhidden accumulator, 16-bit only) in the backward. The budget is tokens x V x s / 8 (1/8 of the
+// logits in the input dtype) rounded down to a multiple of 8 MiB (the step in which the backend
+// grows a workspace above 64 MiB, Note [cuda workspace]), and at least 64 MiB (small problems:
+// under about 2,100 tokens at V = 128,256 in bf16 the eighth is smaller than cuBLASLt's 32 MiB
+// plus a useful block, and these floors dominate). rows: the fewest equal token blocks
+// (multiples of 64, or all tokens) such that a block with 2,048 columns fits the budget; cols:
+// the most columns (a multiple of 128, at most V) the budget then leaves. At 8,192 tokens x
+// 4,096 -> 128,256 in bf16 the eighth is 250.5 MiB and the budget 248 MiB: the forward takes all
+// 8,192 tokens x 6,784 columns (244 MiB), the backward two blocks of 4,096 tokens x 5,504
+// columns (227 MiB). flce_cuda_plan() tells the plan of a shape, flce_cuda_last_workspace_bytes()
+// a call's figure. OPFORGE_CUDA_FLCE_BLOCK = "ROWSxCOLS" forces a block (tests use it to cover
+// many blocks at small sizes; the memory bound then does not apply).
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string_view>
 
 #include "backends/cuda/cuda_launch.cuh"
@@ -135,33 +147,270 @@ void gemm(const Context& ctx, const lt::Gemm& g, void* lt_workspace) {
   });
 }
 
-// ---- small kernels ----------------------------------------------------------------------------------
+// ---- the plan of a call -----------------------------------------------------------------------------
 
-// logits[r, v] = b[v] for the chunk's rows (f32).
-template <class T> __global__ void bias_fill_kernel(float* logits, int64_t count, int64_t vocab, const T* b) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    logits[i] = to_f32(b[i % vocab]);
+constexpr int64_t kAlign = 256;
+constexpr int kGroupRows = 64;          // rows of one column-partial group (backward)
+constexpr int64_t kTargetCols = 2048;   // a block at least this wide decides the token rows
+constexpr int64_t kFloorBudget = int64_t(64) << 20;   // small problems: 32 MiB of cuBLASLt + 32 of blocks
+constexpr int64_t kBudgetStep = int64_t(8) << 20;
+constexpr int64_t kFloorBlockBytes = int64_t(32) << 20;
+int64_t up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct Plan {
+  int64_t tokens = 0, h = 0, vocab = 0;
+  int64_t rows = 0, cols = 0, ld = 0;  // a block: rows x cols, row stride ld (elements)
+  bool g16 = false;
+  // byte offsets in the workspace
+  int64_t logits = 0, g = 0, partial = 0, dh_acc = 0, stats = 0, row_loss = 0, db_acc = 0, scalars = 0, total = 0;
+};
+
+// OPFORGE_CUDA_FLCE_BLOCK = "ROWSxCOLS": a forced block (0 when unset or malformed).
+void forced_block(int64_t* rows, int64_t* cols) {
+  *rows = *cols = 0;
+  const char* env = std::getenv("OPFORGE_CUDA_FLCE_BLOCK");
+  long long r = 0, c = 0;
+  if (env != nullptr && std::sscanf(env, "%lldx%lld", &r, &c) == 2 && r > 0 && c > 0) *rows = r, *cols = c;
 }
 
-// One thread per column v: db_acc[v] += sum over the chunk's rows of G[r, v] (rows in order), and
-// g16[r, v] = G[r, v] rounded to T when g16 is not null. Adjacent threads read adjacent columns
-// (coalesced rows).
-template <class T>
-__global__ void __launch_bounds__(256) columns_kernel(const float* g, int64_t rows, int64_t vocab, float* db_acc, T* g16) {
-  const int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v >= vocab) return;
-  float s = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float x = g[r * vocab + v];
-    s += x;
-    if (g16 != nullptr) g16[r * vocab + v] = from_f32<T>(x);
+// Note [flce cuda blocks].
+Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backward, bool reduced_forward) {
+  const int64_t s = dtype_size(dtype);
+  Plan p;
+  p.tokens = tokens, p.h = h, p.vocab = vocab;
+  p.g16 = backward && dtype != DType::f32;
+  const int64_t per_elem = backward ? 4 + (p.g16 ? s : 0) + 1 : 4;
+  const int64_t per_row = backward ? (p.g16 ? 4 * h : 0) : 16;
+  const int64_t fixed = lt::kWorkspaceBytes + (backward ? 4 * vocab : 0) + (reduced_forward ? 4 * tokens : 0) + 16 * kAlign;
+  // The eighth rounded down to the workspace's allocation step above 64 MiB (8 MiB: Note [cuda
+  // workspace]), so what the backend allocates for a plan within the budget stays within it.
+  const double eighth = double(tokens) * double(vocab) * double(s) / 8.0;
+  const int64_t budget = std::max(kFloorBudget, int64_t(eighth / double(kBudgetStep)) * kBudgetStep);
+  const int64_t avail = budget - fixed;
+  const int64_t max_rows = avail > 0 ? avail / (per_row + kTargetCols * per_elem) / 64 * 64 : 0;
+  const int64_t all = std::max<int64_t>(tokens, 1);
+  int64_t rows = 0, cols = 0;
+  if (max_rows >= 64) {
+    const int64_t blocks = ceil_div(all, max_rows);
+    rows = std::min(all, ceil_div(ceil_div(all, blocks), 64) * 64);
+    cols = (avail - rows * per_row) / (rows * per_elem) / 128 * 128;
+  } else {  // a very wide hidden: 64 rows and the columns a floor block holds
+    rows = std::min<int64_t>(all, 64);
+    cols = std::max<int64_t>(256, kFloorBlockBytes / (rows * per_elem) / 128 * 128);
   }
-  db_acc[v] += s;
+  int64_t forced_rows = 0, forced_cols = 0;
+  forced_block(&forced_rows, &forced_cols);
+  if (forced_rows > 0) rows = forced_rows, cols = forced_cols;
+  p.rows = std::max<int64_t>(1, std::min(rows, tokens));
+  p.cols = std::max<int64_t>(1, std::min(cols, vocab));
+  p.ld = ceil_div(p.cols, 8) * 8;
+  int64_t at = up(lt::kWorkspaceBytes);
+  auto take = [&](int64_t bytes) {
+    const int64_t off = at;
+    at += up(std::max<int64_t>(bytes, 0));
+    return off;
+  };
+  p.logits = take(p.rows * p.ld * 4);
+  p.g = take(p.g16 ? p.rows * p.ld * s : 0);
+  p.partial = take(backward ? ceil_div(p.rows, kGroupRows) * p.ld * 4 : 0);
+  p.dh_acc = take(p.g16 ? p.rows * h * 4 : 0);
+  p.stats = take(backward ? 0 : 4 * p.rows * 4);
+  p.row_loss = take(reduced_forward ? tokens * 4 : 0);
+  p.db_acc = take(backward ? vocab * 4 : 0);
+  p.scalars = take(2 * 4);
+  p.total = at;
+  return p;
 }
 
-template <class T> __global__ void store_kernel(const float* acc, T* out, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_f32<T>(acc[i]);
+// ---- element-wise and row kernels ---------------------------------------------------------------------
+
+// logits[r, c] = b[v0 + c] for a rows x cols block (row stride ld).
+template <class T>
+__global__ void bias_fill_kernel(float* logits, int64_t rows, int64_t cols, int64_t ld, const T* b, int64_t v0) {
+  const int64_t count = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    logits[(i / cols) * ld + i % cols] = to_f32(b[v0 + i % cols]);
+}
+
+// Running statistics of one row over the vocabulary blocks seen so far.
+struct RowState {
+  float* max;      // [rows]
+  float* sum;      // sum of exp(z - max)
+  float* sum_z;    // sum of z (label smoothing)
+  float* z_target; // z[target] once its block has passed; NaN before (and for targets out of range)
+};
+
+struct MergeArgs {
+  const float* logits;
+  int64_t ld, rows, cols, v0, n0;
+  const int64_t* target;
+  int64_t target_stride, ignore_index;
+  RowState st;
+  bool first;
+};
+
+__device__ __forceinline__ float rescale(float m, float to) { return m == -INFINITY ? 0.0f : expf(m - to); }
+
+// One warp per row: fold the block's columns into the row's state (online log-sum-exp).
+__global__ void __launch_bounds__(256) merge_block_kernel(MergeArgs a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (r >= a.rows) return;
+  const float* z = a.logits + r * a.ld;
+  float m = -INFINITY, s = 0.0f, sz = 0.0f;
+  for (int64_t c = int64_t(lane) * 4; c < a.cols; c += 128) {
+    float v[4];
+    const int n = int(std::min<int64_t>(4, a.cols - c));
+    if (n == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(z + c);  // ld % 8 == 0, workspace aligned
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      for (int k = 0; k < 4; ++k) v[k] = k < n ? z[c + k] : -INFINITY;
+    }
+    float um = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+    const float nm = fmaxf(m, um);
+    float add = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k < n) add += expf(v[k] - nm), sz += v[k];
+    }
+    s = s * rescale(m, nm) + add;
+    m = nm;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, off), os = __shfl_xor_sync(0xffffffffu, s, off);
+    const float oz = __shfl_xor_sync(0xffffffffu, sz, off);
+    const float nm = fmaxf(m, om);
+    s = s * rescale(m, nm) + os * rescale(om, nm);
+    m = nm, sz += oz;
+  }
+  if (lane != 0) return;
+  const int64_t t = a.target[(a.n0 + r) * a.target_stride];
+  float zt = a.first ? NAN : a.st.z_target[r];
+  if (t != a.ignore_index && t >= a.v0 && t < a.v0 + a.cols) zt = z[t - a.v0];
+  if (a.first) {
+    a.st.max[r] = m, a.st.sum[r] = s, a.st.sum_z[r] = sz;
+  } else {
+    const float pm = a.st.max[r], nm = fmaxf(pm, m);
+    a.st.sum[r] = a.st.sum[r] * rescale(pm, nm) + s * rescale(m, nm);
+    a.st.max[r] = nm;
+    a.st.sum_z[r] += sz;
+  }
+  a.st.z_target[r] = zt;
+}
+
+struct FinishArgs {
+  RowState st;
+  int64_t rows, n0, vocab;
+  const int64_t* target;
+  int64_t target_stride, ignore_index;
+  float smoothing;
+  float* lse;      // the op's lse output
+  int64_t lse_stride;
+  float* loss;     // loss output (none) or per-token losses (reduced)
+  int64_t loss_stride;
+};
+
+// One thread per row of the token block: lse (every token) and the token's loss.
+__global__ void finish_rows_kernel(FinishArgs a) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= a.rows) return;
+  const int64_t n = a.n0 + r, t = a.target[n * a.target_stride];
+  const float lse = a.st.max[r] + logf(a.st.sum[r]);
+  a.lse[n * a.lse_stride] = lse;
+  float loss = 0.0f;
+  if (t != a.ignore_index) {
+    const float mean_z = a.st.sum_z[r] / float(a.vocab);
+    loss = (1.0f - a.smoothing) * (lse - a.st.z_target[r]) + a.smoothing * (lse - mean_z);
+  }
+  a.loss[n * a.loss_stride] = loss;
+}
+
+template <class T> struct GradArgs {
+  float* z;  // the block's logits [rows, ld]; G in place when g16 is null (f32)
+  T* g16;    // G in the input dtype, [rows, ld]
+  float* partial;  // [groups, ld]: column sums of G per kGroupRows rows
+  int64_t ld, rows, cols, v0, n0, vocab;
+  const int64_t* target;
+  int64_t target_stride, ignore_index;
+  const void* lse;
+  DType lse_dtype;
+  int64_t lse_stride;
+  const void* up;  // upstream gradient: dloss[n] (none, stride up_stride) or one scalar (stride 0)
+  DType up_dtype;
+  int64_t up_stride;
+  float keep, smooth;  // 1 - label_smoothing, label_smoothing / V
+};
+
+// G = g (exp(z - lse) - keep [v == t] - smooth); 0 for ignored tokens, NaN for targets out of
+// range. Block (64, 4): x over four adjacent columns each, y over the rows of one group; the
+// group's column sums are added in row order per y lane, then over the 4 lanes in order.
+template <class T> __global__ void __launch_bounds__(256) grad_kernel(GradArgs<T> a) {
+  __shared__ float sums[4][256];
+  const int64_t c = int64_t(blockIdx.x) * 256 + threadIdx.x * 4;
+  const int64_t r0 = int64_t(blockIdx.y) * kGroupRows;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int n_cols = int(std::max<int64_t>(0, std::min<int64_t>(4, a.cols - c)));
+  for (int rr = threadIdx.y; rr < kGroupRows; rr += 4) {
+    const int64_t r = r0 + rr;
+    if (r >= a.rows || n_cols == 0) break;
+    const int64_t n = a.n0 + r, t = a.target[n * a.target_stride];
+    const float lse = loss::load_float(a.lse, a.lse_dtype, n * a.lse_stride);
+    const float g = t == a.ignore_index ? 0.0f : loss::load_float(a.up, a.up_dtype, n * a.up_stride);
+    const bool bad = t != a.ignore_index && (t < 0 || t >= a.vocab);
+    float* zr = a.z + r * a.ld + c;
+    float v[4];
+    if (n_cols == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(zr);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      for (int k = 0; k < 4; ++k) v[k] = k < n_cols ? zr[k] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t vid = a.v0 + c + k;
+      float d = g * (expf(v[k] - lse) - (vid == t ? a.keep : 0.0f) - a.smooth);
+      if (t == a.ignore_index) d = 0.0f;
+      if (bad) d = NAN;
+      v[k] = d;
+      acc[k] += d;
+    }
+    if (a.g16 != nullptr) {
+      T* gr = a.g16 + r * a.ld + c;
+      for (int k = 0; k < n_cols; ++k) gr[k] = from_f32<T>(v[k]);
+    } else if (n_cols == 4) {
+      *reinterpret_cast<float4*>(zr) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      for (int k = 0; k < n_cols; ++k) zr[k] = v[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) sums[threadIdx.y][threadIdx.x * 4 + k] = acc[k];
+  __syncthreads();
+  if (threadIdx.y != 0) return;
+  for (int k = 0; k < n_cols; ++k) {
+    const int j = threadIdx.x * 4 + k;
+    a.partial[int64_t(blockIdx.y) * a.ld + c + k] = ((sums[0][j] + sums[1][j]) + sums[2][j]) + sums[3][j];
+  }
+}
+
+// db_acc[v0 + c] += the column's group partials, in group order.
+__global__ void column_sums_kernel(const float* partial, int64_t groups, int64_t ld, int64_t cols, float* db_acc) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.0f;
+  for (int64_t g = 0; g < groups; ++g) s += partial[g * ld + c];
+  db_acc[c] += s;
+}
+
+// out[r * ld_out + k] = acc[r * cols + k] rounded to T.
+template <class T>
+__global__ void store_rows_kernel(const float* acc, int64_t rows, int64_t cols, T* out, int64_t ld_out) {
+  const int64_t count = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    out[(i / cols) * ld_out + i % cols] = from_f32<T>(acc[i]);
 }
 
 // out = dloss[0] / count, or 0 when no token counts (Note [flce semantics]).
@@ -170,59 +419,11 @@ __global__ void mean_grad_kernel(const void* dloss, DType dtype, const float* co
   *out = c > 0.0f ? float(double(loss::load_float(dloss, dtype, 0)) / double(c)) : 0.0f;
 }
 
-// ---- the plan of a call -----------------------------------------------------------------------------
+unsigned elementwise_grid(int64_t count) { return grid_for(std::min<int64_t>(count, int64_t(1) << 22), 256); }
 
-constexpr int64_t kAlign = 256;
-int64_t up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-struct Plan {
-  int64_t tokens = 0, h = 0, vocab = 0, chunk = 0;
-  int64_t logits = 0, g16 = 0, lse = 0, row_loss = 0, db_acc = 0, scalars = 0, total = 0;  // byte offsets
-};
-
-// Note [flce cuda chunks].
-Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backward, bool reduced_forward) {
-  const int64_t s = dtype_size(dtype);
-  const bool g16 = backward && dtype != DType::f32;
-  const int64_t per_row = 4 * vocab + 8 + (g16 ? s * vocab : 0);
-  const int64_t fixed = lt::kWorkspaceBytes + (backward ? 4 * vocab : 0) + (reduced_forward ? 4 * tokens : 0) + 8 * kAlign;
-  int64_t budget = 1;
-  const double eighth = double(tokens) * double(vocab) * double(s) / 8.0;
-  while (double(budget) * 2.0 <= eighth) budget *= 2;
-  int64_t rows = budget > fixed ? (budget - fixed) / per_row : 0;
-  rows = rows >= 64 ? rows / 64 * 64 : 64;
-  Plan p;
-  p.tokens = tokens, p.h = h, p.vocab = vocab;
-  p.chunk = std::max<int64_t>(1, std::min(rows, tokens));
-  int64_t at = up(lt::kWorkspaceBytes);
-  auto take = [&](int64_t bytes) {
-    const int64_t off = at;
-    at += up(std::max<int64_t>(bytes, 0));
-    return off;
-  };
-  p.logits = take(p.chunk * vocab * 4);
-  p.g16 = take(g16 ? p.chunk * vocab * s : 0);
-  p.lse = take(p.chunk * 4);
-  p.row_loss = take((reduced_forward ? tokens : p.chunk) * 4);
-  p.db_acc = take(backward ? vocab * 4 : 0);
-  p.scalars = take(2 * 4);
-  p.total = at;
-  return p;
-}
-
-// ---- views of the chunk ------------------------------------------------------------------------------
+// ---- views of the call ---------------------------------------------------------------------------------
 
 int64_t ld_of(const TensorView& t, int64_t cols) { return t.rows() > 1 ? t.row_stride() : std::max<int64_t>(cols, 1); }
-
-TensorView vector_view(void* data, DType dtype, int64_t n, int64_t stride, Device device) {
-  const int64_t strides[1] = {stride};
-  return TensorView(data, dtype, Shape{n}, strides, device);
-}
-// Elements [n0, n0 + n) of a 1-d tensor.
-TensorView slice(const TensorView& t, int64_t n0, int64_t n) {
-  const int64_t stride = t.stride(0);
-  return vector_view(static_cast<char*>(t.data) + n0 * stride * t.itemsize(), t.dtype, n, stride, t.device);
-}
 const char* row_ptr(const TensorView& t, int64_t ld, int64_t row) {
   return static_cast<const char*>(t.data) + row * ld * t.itemsize();
 }
@@ -230,43 +431,35 @@ const char* row_ptr(const TensorView& t, int64_t ld, int64_t row) {
 struct Call {
   const Context& ctx;
   const TensorView &hidden, &w, &target, &b;
-  int64_t ignore_index;
-  double label_smoothing;
   Plan plan;
   char* ws;
   int64_t h_ld, w_ld;
 };
 
-// logits [rows, V] (f32, dense) = hidden[n0 .. n0 + rows) . w^T + b.
-void chunk_logits(const Call& c, int64_t n0, int64_t rows, float* logits) {
-  const int64_t vocab = c.plan.vocab, h = c.plan.h;
+// logits [rows, cols] (f32, row stride plan.ld) = hidden[n0 .. n0 + rows) . w[v0 .. v0 + cols)^T + b.
+void block_logits(const Call& c, int64_t n0, int64_t rows, int64_t v0, int64_t cols, float* logits) {
   cudaStream_t stream = stream_of(c.ctx);
   const bool bias = c.b.defined();
   if (bias) {
     dispatch_float(c.b.dtype, "fused_linear_cross_entropy", [&](auto tag) {
       using T = decltype(tag);
-      const int64_t count = rows * vocab;
-      bias_fill_kernel<T><<<grid_for(std::min<int64_t>(count, int64_t(1) << 22), 256), 256, 0, stream>>>(
-          logits, count, vocab, c.b.ptr<T>());
+      bias_fill_kernel<T><<<elementwise_grid(rows * cols), 256, 0, stream>>>(logits, rows, cols, c.plan.ld,
+                                                                            c.b.ptr<T>(), v0);
       check_launch("fused_linear_cross_entropy bias launch");
     });
   }
   lt::Gemm g;
-  g.m = rows, g.n = vocab, g.k = h;
+  g.m = rows, g.n = cols, g.k = c.plan.h;
   g.a = lt::Operand{row_ptr(c.hidden, c.h_ld, n0), c.hidden.dtype, c.h_ld, false};
-  g.b = lt::Operand{c.w.data, c.w.dtype, c.w_ld, true};
-  g.d = logits, g.d_dtype = DType::f32, g.ldd = vocab;
+  g.b = lt::Operand{row_ptr(c.w, c.w_ld, v0), c.w.dtype, c.w_ld, true};
+  g.d = logits, g.d_dtype = DType::f32, g.ldd = c.plan.ld;
   g.beta = bias ? 1.0f : 0.0f;
   gemm(c.ctx, g, c.ws);
 }
 
-// cross_entropy with reduction none on a chunk of f32 logits: lse and per-row losses.
-void chunk_cross_entropy(const Call& c, const TensorView& logits, const TensorView& target, const TensorView& loss,
-                         const TensorView& lse) {
-  const char* why = cross_entropy_cuda_vec16_applicable(loss, lse, logits, target, c.ignore_index, c.label_smoothing,
-                                                        0.0, 0.0, "none");
-  auto fn = why == nullptr ? &cross_entropy_cuda_vec16 : &cross_entropy_cuda;
-  fn(c.ctx, loss, lse, logits, target, c.ignore_index, c.label_smoothing, 0.0, 0.0, "none");
+RowState row_state(const Plan& p, char* ws) {
+  float* base = reinterpret_cast<float*>(ws + p.stats);
+  return RowState{base, base + p.rows, base + 2 * p.rows, base + 3 * p.rows};
 }
 
 }  // namespace
@@ -279,43 +472,56 @@ int64_t flce_cuda_last_workspace_bytes() { return last_workspace_bytes; }
 FlceCudaPlan flce_cuda_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool backward,
                             bool reduced_forward) {
   const Plan p = plan_for(tokens, hidden, vocab, dtype, backward, reduced_forward);
-  return FlceCudaPlan{p.chunk, p.total};
+  return FlceCudaPlan{p.rows, p.cols, p.total};
 }
 
-void fused_linear_cross_entropy_cuda(const Context& ctx, const TensorView& loss, const TensorView& hidden,
-                                     const TensorView& w, const TensorView& target, const TensorView& b,
-                                     int64_t ignore_index, double label_smoothing, std::string_view reduction) {
+void fused_linear_cross_entropy_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                                     const TensorView& hidden, const TensorView& w, const TensorView& target,
+                                     const TensorView& b, int64_t ignore_index, double label_smoothing,
+                                     std::string_view reduction) {
   const int64_t tokens = hidden.size(0), h = hidden.size(1), vocab = w.size(0);
   const bool none = reduction == "none";
   cuda::DeviceGuard guard(ctx.device.index);
+  cudaStream_t stream = cuda::stream_of(ctx);
   const Plan plan = plan_for(tokens, h, vocab, hidden.dtype, false, !none);
   last_workspace_bytes = plan.total;
-  if (none && tokens == 0) return;
+  if (tokens == 0 && none) return;
   char* ws = static_cast<char*>(cuda_workspace(ctx, plan.total));
-  const Call c{ctx, hidden, w, target, b, ignore_index, label_smoothing, plan, ws, ld_of(hidden, h), ld_of(w, h)};
+  const Call c{ctx, hidden, w, target, b, plan, ws, ld_of(hidden, h), ld_of(w, h)};
   float* logits = reinterpret_cast<float*>(ws + plan.logits);
   float* row_loss = reinterpret_cast<float*>(ws + plan.row_loss);
-  for (int64_t n0 = 0; n0 < tokens; n0 += plan.chunk) {
-    const int64_t rows = std::min(plan.chunk, tokens - n0);
-    chunk_logits(c, n0, rows, logits);
-    const TensorView logits_v(logits, DType::f32, Shape{rows, vocab}, hidden.device);
-    const TensorView lse_v(ws + plan.lse, DType::f32, Shape{rows}, hidden.device);
-    const TensorView loss_v = none ? slice(loss, n0, rows) : TensorView(row_loss + n0, DType::f32, Shape{rows}, hidden.device);
-    chunk_cross_entropy(c, logits_v, slice(target, n0, rows), loss_v, lse_v);
+  const RowState st = row_state(plan, ws);
+  const int64_t target_stride = cuda::loss::stride0(target);
+  for (int64_t n0 = 0; n0 < tokens; n0 += plan.rows) {
+    const int64_t rows = std::min(plan.rows, tokens - n0);
+    for (int64_t v0 = 0; v0 < vocab; v0 += plan.cols) {
+      const int64_t cols = std::min(plan.cols, vocab - v0);
+      block_logits(c, n0, rows, v0, cols, logits);
+      const MergeArgs m{logits, plan.ld, rows, cols, v0, n0, target.ptr<int64_t>(), target_stride, ignore_index, st,
+                        v0 == 0};
+      merge_block_kernel<<<cuda::grid_for(rows, 8), 256, 0, stream>>>(m);
+      cuda::check_launch("fused_linear_cross_entropy row statistics launch");
+    }
+    FinishArgs f{st, rows, n0, vocab, target.ptr<int64_t>(), target_stride, ignore_index, float(label_smoothing),
+                 lse.ptr<float>(), cuda::loss::stride0(lse), none ? loss.ptr<float>() : row_loss,
+                 none ? cuda::loss::stride0(loss) : 1};
+    finish_rows_kernel<<<cuda::grid_for(rows, 256), 256, 0, stream>>>(f);
+    cuda::check_launch("fused_linear_cross_entropy row finish launch");
   }
   if (none) return;
   cuda::loss::RowReduce r;
-  r.losses = row_loss, r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = cuda::loss::stride0(target);
+  r.losses = row_loss, r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = target_stride;
   r.ignore_index = ignore_index, r.divide = reduction == "mean", r.zero_if_none_kept = true;
   r.out = loss.ptr<float>();
-  cuda::loss::launch_row_reduce(cuda::stream_of(ctx), r, "fused_linear_cross_entropy reduction launch");
+  cuda::loss::launch_row_reduce(stream, r, "fused_linear_cross_entropy reduction launch");
 }
 
 void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorView& dhidden, const TensorView& dw,
                                               const TensorView& db, const TensorView& dloss,
                                               const TensorView& hidden, const TensorView& w,
-                                              const TensorView& target, const TensorView& b, int64_t ignore_index,
-                                              double label_smoothing, std::string_view reduction) {
+                                              const TensorView& target, const TensorView& lse, const TensorView& b,
+                                              int64_t ignore_index, double label_smoothing,
+                                              std::string_view reduction) {
   const int64_t tokens = hidden.size(0), h = hidden.size(1), vocab = w.size(0);
   const DType dtype = hidden.dtype;
   cuda::DeviceGuard guard(ctx.device.index);
@@ -323,18 +529,20 @@ void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorVi
   const Plan plan = plan_for(tokens, h, vocab, dtype, true, false);
   last_workspace_bytes = plan.total;
   char* ws = static_cast<char*>(cuda_workspace(ctx, plan.total));
-  const Call c{ctx, hidden, w, target, b, ignore_index, label_smoothing, plan, ws, ld_of(hidden, h), ld_of(w, h)};
+  const Call c{ctx, hidden, w, target, b, plan, ws, ld_of(hidden, h), ld_of(w, h)};
   const int64_t dh_ld = ld_of(dhidden, h), dw_ld = ld_of(dw, h), item = dtype_size(dtype);
   float* logits = reinterpret_cast<float*>(ws + plan.logits);
+  float* partial = reinterpret_cast<float*>(ws + plan.partial);
   float* db_acc = reinterpret_cast<float*>(ws + plan.db_acc);
   float* scalars = reinterpret_cast<float*>(ws + plan.scalars);
   OPFORGE_CUDA_CHECK(cudaMemsetAsync(db_acc, 0, size_t(vocab) * 4, stream));
-  if (tokens == 0 && h > 0)  // dw = 0 (no chunk writes it)
+  if (tokens == 0 && h > 0)  // dw = 0 (no block writes it)
     OPFORGE_CUDA_CHECK(cudaMemset2DAsync(dw.data, size_t(dw_ld * item), 0, size_t(h * item), size_t(vocab), stream));
 
-  // The upstream gradient of each row: dloss[n] (none), dloss (sum), dloss / counted tokens (mean).
-  const bool none = reduction == "none";
-  TensorView scalar_g = dloss;
+  // The upstream gradient of each token: dloss[n] (none), dloss (sum), dloss / counted tokens (mean).
+  const void* up = dloss.data;
+  DType up_dtype = dloss.dtype;
+  int64_t up_stride = reduction == "none" ? cuda::loss::stride0(dloss) : 0;
   if (reduction == "mean" && tokens > 0) {
     cuda::loss::RowReduce r;
     r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = cuda::loss::stride0(target);
@@ -342,70 +550,73 @@ void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorVi
     cuda::loss::launch_row_reduce(stream, r, "fused_linear_cross_entropy_backward count launch");
     mean_grad_kernel<<<1, 1, 0, stream>>>(dloss.data, dloss.dtype, scalars, scalars + 1);
     cuda::check_launch("fused_linear_cross_entropy_backward scale launch");
-    scalar_g = TensorView(scalars + 1, DType::f32, Shape{1}, hidden.device);
+    up = scalars + 1, up_dtype = DType::f32;
   }
 
-  for (int64_t n0 = 0; n0 < tokens; n0 += plan.chunk) {
-    const int64_t rows = std::min(plan.chunk, tokens - n0);
-    chunk_logits(c, n0, rows, logits);
-    const TensorView logits_v(logits, DType::f32, Shape{rows, vocab}, hidden.device);
-    const TensorView lse_v(ws + plan.lse, DType::f32, Shape{rows}, hidden.device);
-    const TensorView loss_v(ws + plan.row_loss, DType::f32, Shape{rows}, hidden.device);
-    const TensorView target_v = slice(target, n0, rows);
-    chunk_cross_entropy(c, logits_v, target_v, loss_v, lse_v);
-    // G = dloss/dlogits over the chunk, in place.
-    const TensorView upstream = none ? slice(dloss, n0, rows) : scalar_g;
-    const char* red = none ? "none" : "sum";
-    const char* why = cross_entropy_backward_cuda_vec16_applicable(logits_v, upstream, logits_v, target_v, lse_v,
-                                                                   ignore_index, label_smoothing, 0.0, 0.0, red);
-    auto bwd = why == nullptr ? &cross_entropy_backward_cuda_vec16 : &cross_entropy_backward_cuda;
-    bwd(ctx, logits_v, upstream, logits_v, target_v, lse_v, ignore_index, label_smoothing, 0.0, 0.0, red);
-    // db += column sums of G; G in the input dtype for the products.
-    const void* g_data = logits;
-    cuda::dispatch_float(dtype, "fused_linear_cross_entropy_backward", [&](auto tag) {
-      using T = decltype(tag);
-      T* g16 = dtype == DType::f32 ? nullptr : reinterpret_cast<T*>(ws + plan.g16);
-      columns_kernel<T><<<cuda::grid_for(vocab, 256), 256, 0, stream>>>(logits, rows, vocab, db_acc, g16);
-      cuda::check_launch("fused_linear_cross_entropy_backward columns launch");
-      if (g16 != nullptr) g_data = g16;
-    });
-    // dhidden[n0 .. n0 + rows) = G . w
-    cuda::lt::Gemm gd;
-    gd.m = rows, gd.n = h, gd.k = vocab;
-    gd.a = cuda::lt::Operand{g_data, dtype, vocab, false};
-    gd.b = cuda::lt::Operand{w.data, dtype, c.w_ld, false};
-    gd.d = static_cast<char*>(dhidden.data) + n0 * dh_ld * item, gd.d_dtype = dtype, gd.ldd = dh_ld;
-    gemm(ctx, gd, ws);
-    // dw (+)= G^T . hidden[n0 .. n0 + rows)
-    cuda::lt::Gemm gw;
-    gw.m = vocab, gw.n = h, gw.k = rows;
-    gw.a = cuda::lt::Operand{g_data, dtype, vocab, true};
-    gw.b = cuda::lt::Operand{row_ptr(hidden, c.h_ld, n0), dtype, c.h_ld, false};
-    gw.d = dw.data, gw.d_dtype = dtype, gw.ldd = dw_ld;
-    gw.beta = n0 == 0 ? 0.0f : 1.0f;
-    gemm(ctx, gw, ws);
-  }
   cuda::dispatch_float(dtype, "fused_linear_cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
-    store_kernel<T><<<cuda::grid_for(vocab, 256), 256, 0, stream>>>(db_acc, db.ptr<T>(), vocab);
+    T* g16 = plan.g16 ? reinterpret_cast<T*>(ws + plan.g) : nullptr;
+    float* dh_acc = plan.g16 ? reinterpret_cast<float*>(ws + plan.dh_acc) : nullptr;
+    const void* g_data = plan.g16 ? static_cast<const void*>(g16) : static_cast<const void*>(logits);
+    for (int64_t n0 = 0; n0 < tokens; n0 += plan.rows) {
+      const int64_t rows = std::min(plan.rows, tokens - n0), groups = ceil_div(rows, kGroupRows);
+      for (int64_t v0 = 0; v0 < vocab; v0 += plan.cols) {
+        const int64_t cols = std::min(plan.cols, vocab - v0);
+        block_logits(c, n0, rows, v0, cols, logits);
+        GradArgs<T> a{logits, g16, partial, plan.ld, rows, cols, v0, n0, vocab, target.ptr<int64_t>(),
+                      cuda::loss::stride0(target), ignore_index, lse.data, lse.dtype, cuda::loss::stride0(lse),
+                      up, up_dtype, up_stride, float(1.0 - label_smoothing), float(label_smoothing / double(vocab))};
+        grad_kernel<T><<<dim3(cuda::grid_for(cols, 256), unsigned(groups)), dim3(64, 4), 0, stream>>>(a);
+        cuda::check_launch("fused_linear_cross_entropy_backward gradient launch");
+        column_sums_kernel<<<cuda::grid_for(cols, 256), 256, 0, stream>>>(partial, groups, plan.ld, cols, db_acc + v0);
+        cuda::check_launch("fused_linear_cross_entropy_backward columns launch");
+        // dw[v0 .. v0 + cols) (+)= G^T . hidden[n0 .. n0 + rows)
+        cuda::lt::Gemm gw;
+        gw.m = cols, gw.n = h, gw.k = rows;
+        gw.a = cuda::lt::Operand{g_data, dtype, plan.ld, true};
+        gw.b = cuda::lt::Operand{row_ptr(hidden, c.h_ld, n0), dtype, c.h_ld, false};
+        gw.d = static_cast<char*>(dw.data) + v0 * dw_ld * item, gw.d_dtype = dtype, gw.ldd = dw_ld;
+        gw.beta = n0 == 0 ? 0.0f : 1.0f;
+        gemm(ctx, gw, ws);
+        // dhidden[n0 .. n0 + rows) (+)= G . w[v0 .. v0 + cols), in f32
+        cuda::lt::Gemm gd;
+        gd.m = rows, gd.n = h, gd.k = cols;
+        gd.a = cuda::lt::Operand{g_data, dtype, plan.ld, false};
+        gd.b = cuda::lt::Operand{row_ptr(w, c.w_ld, v0), dtype, c.w_ld, false};
+        if (dh_acc != nullptr) gd.d = dh_acc, gd.ldd = h;
+        else gd.d = static_cast<char*>(dhidden.data) + n0 * dh_ld * item, gd.ldd = dh_ld;
+        gd.d_dtype = DType::f32;
+        gd.beta = v0 == 0 ? 0.0f : 1.0f;
+        gemm(ctx, gd, ws);
+      }
+      if (dh_acc != nullptr && rows * h > 0) {
+        store_rows_kernel<T><<<elementwise_grid(rows * h), 256, 0, stream>>>(
+            dh_acc, rows, h, reinterpret_cast<T*>(static_cast<char*>(dhidden.data) + n0 * dh_ld * item), dh_ld);
+        cuda::check_launch("fused_linear_cross_entropy_backward dhidden launch");
+      }
+    }
+    store_rows_kernel<T><<<elementwise_grid(vocab), 256, 0, stream>>>(db_acc, 1, vocab, db.ptr<T>(), vocab);
     cuda::check_launch("fused_linear_cross_entropy_backward db launch");
   });
 }
 
-const char* fused_linear_cross_entropy_cuda_applicable(const TensorView& loss, const TensorView& hidden,
-                                                       const TensorView&, const TensorView&, const TensorView&,
-                                                       int64_t, double, std::string_view) {
+const char* fused_linear_cross_entropy_cuda_applicable(const TensorView& loss, const TensorView& lse,
+                                                       const TensorView& hidden, const TensorView&,
+                                                       const TensorView&, const TensorView&, int64_t, double,
+                                                       std::string_view) {
   if (!cuda::is_cuda_float(hidden.dtype)) return cuda::kNotCudaFloat;
-  if (loss.dtype != DType::f32) return "loss is not f32";
+  if (loss.dtype != DType::f32 || lse.dtype != DType::f32) return "loss or lse is not f32";
   return nullptr;
 }
 const char* fused_linear_cross_entropy_backward_cuda_applicable(const TensorView&, const TensorView&,
                                                                 const TensorView&, const TensorView& dloss,
                                                                 const TensorView& hidden, const TensorView&,
-                                                                const TensorView&, const TensorView&, int64_t,
-                                                                double, std::string_view) {
+                                                                const TensorView&, const TensorView& lse,
+                                                                const TensorView&, int64_t, double,
+                                                                std::string_view) {
   if (!cuda::is_cuda_float(hidden.dtype)) return cuda::kNotCudaFloat;
   if (!cuda::loss::float_like(dloss.dtype)) return "dloss is not f64, f32, f16 or bf16";
+  if (!cuda::loss::float_like(lse.dtype)) return "lse is not f64, f32, f16 or bf16";
   return nullptr;
 }
 
@@ -415,17 +626,18 @@ void register_flce_cuda(Registry& reg) {
   auto desc = [](const char* summary) {
     KernelDesc d = cuda_kernel_desc("cuda", 100, summary, false);
     d.tolerances[DType::f32] = {1e-4, 1e-4, 1e-9};
-    d.properties.batch_invariant = false;  // the GEMM algorithm depends on the chunk's rows
+    d.properties.batch_invariant = false;  // the GEMM algorithm depends on the block's rows
     return d;
   };
   reg.add_kernel<FusedLinearCrossEntropy>(
-      desc("token chunks in the workspace: cuBLASLt f32 logits + cross_entropy kernels, fixed-order sum"),
+      desc("token x vocabulary blocks in the workspace: cuBLASLt f32 logits, online log-sum-exp per row"),
       &fused_linear_cross_entropy_cuda, &fused_linear_cross_entropy_cuda_applicable);
-  KernelDesc bwd = desc("token chunks: logits recomputed, gradient in place, cuBLASLt into dhidden and dw");
-  // 16-bit dw is accumulated in its own dtype across token chunks (an f32 [V, H] accumulator
-  // would break the 1/8-of-logits memory bound; Liger-Kernel accumulates grad_weight the same
-  // way) and G enters the GEMMs rounded to the input dtype: elementwise bounds 2.5x (bf16) and
-  // 4x (f16) the defaults, the aggregate bound (nmse) the default one.
+  KernelDesc bwd = desc("vocabulary blocks per token block: logits recomputed, gradient from the saved lse, "
+                        "cuBLASLt into dw slices and an f32 dhidden accumulator");
+  // G enters the GEMMs rounded to the input dtype, and a 16-bit dw is rounded once per token
+  // block (three times at 8,192 tokens x 128,256; an f32 [V, H] accumulator would break the
+  // 1/8-of-logits memory bound): elementwise bounds 2.5x (bf16) and 4x (f16) the defaults, the
+  // aggregate bound (nmse) the default one.
   bwd.tolerances[DType::bf16] = {4e-2, 4e-2, 5e-5};
   bwd.tolerances[DType::f16] = {8e-3, 8e-3, 1e-6};
   reg.add_kernel<FusedLinearCrossEntropyBackward>(

@@ -24,16 +24,18 @@ const char* linear_backward_cpu_applicable(const TensorView& dx, const TensorVie
 
 // ---- flce_cpu.cpp --------------------------------------------------------------------------------
 void fused_linear_cross_entropy_cpu(const Context&, const TensorView& loss,
-                                    const TensorView& hidden, const TensorView& w,
+                                    const TensorView& lse, const TensorView& hidden,
+                                    const TensorView& w,
                                     const TensorView& target, const TensorView& b,
                                     int64_t ignore_index, double label_smoothing,
                                     std::string_view reduction);
 void fused_linear_cross_entropy_backward_cpu(
     const Context&, const TensorView& dhidden, const TensorView& dw, const TensorView& db,
     const TensorView& dloss, const TensorView& hidden, const TensorView& w,
-    const TensorView& target, const TensorView& b, int64_t ignore_index, double label_smoothing,
-    std::string_view reduction);
+    const TensorView& target, const TensorView& lse, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction);
 const char* fused_linear_cross_entropy_cpu_applicable(const TensorView& loss,
+                                                      const TensorView& lse,
                                                       const TensorView& hidden,
                                                       const TensorView& w,
                                                       const TensorView& target,
@@ -42,7 +44,8 @@ const char* fused_linear_cross_entropy_cpu_applicable(const TensorView& loss,
 const char* fused_linear_cross_entropy_backward_cpu_applicable(
     const TensorView& dhidden, const TensorView& dw, const TensorView& db,
     const TensorView& dloss, const TensorView& hidden, const TensorView& w,
-    const TensorView& target, const TensorView& b, int64_t, double, std::string_view);
+    const TensorView& target, const TensorView& lse, const TensorView& b, int64_t, double,
+    std::string_view);
 
 // Note [flce chunks] (flce_cpu.cpp): the token rows and vocab rows one chunk of the cpu kernel
 // covers, and the scratch bytes a call allocates (the largest amount held at once).

@@ -132,12 +132,24 @@ Reduction check_flce_inputs(const char* op, const TensorView& hidden, const Tens
   return parse_reduction(op, reduction);
 }
 
+// lse [tokens] on hidden's device: the forward writes the loss dtype, the backward reads any
+// floating dtype.
+void check_lse(const char* op, const TensorView& lse, const TensorView& hidden, bool output) {
+  expect_defined(op, "lse", lse);
+  if (output) expect_dtype(op, "lse", lse, loss_dtype(hidden));
+  else expect_floating(op, "lse", lse);
+  expect_shape(op, "lse", lse, Shape{hidden.size(0)});
+  expect_rows_uniform(op, "lse", lse);
+  expect_same_device(op, "lse", lse, "hidden", hidden);
+}
+
 }  // namespace
 
-void FusedLinearCrossEntropy::check(const TensorView& loss, const TensorView& hidden,
-                                    const TensorView& w, const TensorView& target,
-                                    const TensorView& b, int64_t ignore_index,
-                                    double label_smoothing, std::string_view reduction) {
+void FusedLinearCrossEntropy::check(const TensorView& loss, const TensorView& lse,
+                                    const TensorView& hidden, const TensorView& w,
+                                    const TensorView& target, const TensorView& b,
+                                    int64_t ignore_index, double label_smoothing,
+                                    std::string_view reduction) {
   const Reduction r =
       check_flce_inputs(name, hidden, w, target, b, ignore_index, label_smoothing, reduction);
   expect_defined(name, "loss", loss);
@@ -145,18 +157,20 @@ void FusedLinearCrossEntropy::check(const TensorView& loss, const TensorView& hi
   expect_shape(name, "loss", loss, loss_shape(hidden, r));
   if (r == Reduction::none) expect_rows_uniform(name, "loss", loss);
   expect_same_device(name, "loss", loss, "hidden", hidden);
-  expect_no_overlaps(name, {{"loss", &loss}},
+  check_lse(name, lse, hidden, true);
+  expect_no_overlaps(name, {{"loss", &loss}, {"lse", &lse}},
                      {{"hidden", &hidden}, {"w", &w}, {"target", &target}, {"b", &b}});
 }
 
 void FusedLinearCrossEntropyBackward::check(const TensorView& dhidden, const TensorView& dw,
                                             const TensorView& db, const TensorView& dloss,
                                             const TensorView& hidden, const TensorView& w,
-                                            const TensorView& target, const TensorView& b,
-                                            int64_t ignore_index, double label_smoothing,
-                                            std::string_view reduction) {
+                                            const TensorView& target, const TensorView& lse,
+                                            const TensorView& b, int64_t ignore_index,
+                                            double label_smoothing, std::string_view reduction) {
   const Reduction r =
       check_flce_inputs(name, hidden, w, target, b, ignore_index, label_smoothing, reduction);
+  check_lse(name, lse, hidden, false);
   expect_defined(name, "dloss", dloss);
   expect_floating(name, "dloss", dloss);
   expect_shape(name, "dloss", dloss, loss_shape(hidden, r));
@@ -167,7 +181,7 @@ void FusedLinearCrossEntropyBackward::check(const TensorView& dhidden, const Ten
   check_matrix(name, "db", db, "w", w, Shape{w.size(0)});
   expect_no_overlaps(name, {{"dhidden", &dhidden}, {"dw", &dw}, {"db", &db}},
                      {{"dloss", &dloss}, {"hidden", &hidden}, {"w", &w}, {"target", &target},
-                      {"b", &b}});
+                      {"lse", &lse}, {"b", &b}});
 }
 
 // ---- registration ---------------------------------------------------------------------------
@@ -234,7 +248,8 @@ void register_flce_ops(Registry& reg) {
   op.outputs = [](const ArgList& a) {
     const TensorView& hidden = a.tensor("hidden");
     const Reduction r = parse_reduction(a.op(), a.str("reduction"));
-    return std::vector<OutputSpec>{{"loss", loss_shape(hidden, r), loss_dtype(hidden)}};
+    return std::vector<OutputSpec>{{"loss", loss_shape(hidden, r), loss_dtype(hidden)},
+                                   {"lse", Shape{hidden.size(0)}, loss_dtype(hidden)}};
   };
   op.cost = [](const ArgList& a) {
     const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");

@@ -53,17 +53,18 @@ struct LinearBackward {
 //   dloss_n/dz_nv = softmax(z_n)_v - (1 - ls) * [v == t] - ls / V;
 // ignored tokens have loss 0 and gradient 0. reduction: none -> loss[n]; sum -> sum_n loss_n;
 // mean -> sum / (number of tokens not ignored), and 0 (not PyTorch's NaN) when every token is
-// ignored. The kernels evaluate the logits in token chunks (Note [flce chunks], flce_cpu.cpp;
-// Note [flce cuda chunks], flce_cuda.cu). Targets are range-checked when they are cpu tensors;
+// ignored. The kernels evaluate the logits in blocks (Note [flce chunks], flce_cpu.cpp;
+// Note [flce cuda blocks], flce_cuda.cu). Targets are range-checked when they are cpu tensors;
 // reading CUDA targets would synchronize, so there a target outside [0, V) other than
 // ignore_index gives that token a NaN loss and NaN gradients instead (as cross_entropy's).
 struct FusedLinearCrossEntropy {
   static constexpr const char* name = "fused_linear_cross_entropy";
   static constexpr const char* backward = "fused_linear_cross_entropy_backward";
-  using Signature = void(const TensorView& loss, const TensorView& hidden, const TensorView& w,
-                         const TensorView& target, const TensorView& b, int64_t ignore_index,
-                         double label_smoothing, std::string_view reduction);
+  using Signature = void(const TensorView& loss, const TensorView& lse, const TensorView& hidden,
+                         const TensorView& w, const TensorView& target, const TensorView& b,
+                         int64_t ignore_index, double label_smoothing, std::string_view reduction);
   static constexpr ArgSpec args[] = {{"loss", ArgRole::out},
+                                     {"lse", ArgRole::out},
                                      {"hidden", ArgRole::in},
                                      {"w", ArgRole::in},
                                      {"target", ArgRole::in},
@@ -76,20 +77,21 @@ struct FusedLinearCrossEntropy {
       "logits (Liger's fused_linear_cross_entropy). hidden: [tokens, H], w: [V, H], b: [V] or "
       "none, target: int64 [tokens], each in [0, V) or equal to ignore_index. reduction none / "
       "sum / mean; label_smoothing in [0, 1]. loss: [tokens] for none, a 0-d tensor otherwise, "
-      "f32 (f64 when hidden is f64). Note [flce semantics]: logits are kept in f32 (Liger rounds "
-      "them to the input dtype); mean over zero counted tokens is 0 (PyTorch: NaN). No z-loss, "
-      "softcap or class weights.";
-  static void check(const TensorView& loss, const TensorView& hidden, const TensorView& w,
-                    const TensorView& target, const TensorView& b, int64_t ignore_index,
-                    double label_smoothing, std::string_view reduction);
+      "f32 (f64 when hidden is f64). lse: [tokens], the log-sum-exp of each token's logits, "
+      "written for every token (ignored ones too; the backward reads it), loss's dtype. Note "
+      "[flce semantics]: logits are kept in f32 (Liger rounds them to the input dtype); mean over "
+      "zero counted tokens is 0 (PyTorch: NaN). No z-loss, softcap or class weights.";
+  static void check(const TensorView& loss, const TensorView& lse, const TensorView& hidden,
+                    const TensorView& w, const TensorView& target, const TensorView& b,
+                    int64_t ignore_index, double label_smoothing, std::string_view reduction);
 };
 
 struct FusedLinearCrossEntropyBackward {
   static constexpr const char* name = "fused_linear_cross_entropy_backward";
   using Signature = void(const TensorView& dhidden, const TensorView& dw, const TensorView& db,
                          const TensorView& dloss, const TensorView& hidden, const TensorView& w,
-                         const TensorView& target, const TensorView& b, int64_t ignore_index,
-                         double label_smoothing, std::string_view reduction);
+                         const TensorView& target, const TensorView& lse, const TensorView& b,
+                         int64_t ignore_index, double label_smoothing, std::string_view reduction);
   static constexpr ArgSpec args[] = {{"dhidden", ArgRole::out},
                                      {"dw", ArgRole::out},
                                      {"db", ArgRole::out},
@@ -97,6 +99,7 @@ struct FusedLinearCrossEntropyBackward {
                                      {"hidden", ArgRole::in},
                                      {"w", ArgRole::in},
                                      {"target", ArgRole::in},
+                                     {"lse", ArgRole::in},
                                      {"b", ArgRole::opt_in},
                                      {"ignore_index", ArgRole::scalar, "-100"},
                                      {"label_smoothing", ArgRole::scalar, "0"},
@@ -104,13 +107,14 @@ struct FusedLinearCrossEntropyBackward {
   static constexpr const char* doc =
       "Backward of fused_linear_cross_entropy: with G[n, v] = g_n * dloss_n/dz_nv (Note [flce "
       "semantics]) and g_n = dloss[n] (none), dloss (sum) or dloss / counted tokens (mean): "
-      "dhidden = G @ w, dw = G^T @ hidden, db = sum over tokens of G (always written). The "
-      "logits are recomputed chunk by chunk; nothing of the forward is kept. dloss: the loss's "
-      "shape, any floating dtype.";
+      "dhidden = G @ w, dw = G^T @ hidden, db = sum over tokens of G (always written). lse: the "
+      "forward's lse output (any floating dtype); softmax(z_n)_v is taken as exp(z_nv - lse_n), so "
+      "the logits are recomputed block by block without another pass for their normaliser. "
+      "dloss: the loss's shape, any floating dtype.";
   static void check(const TensorView& dhidden, const TensorView& dw, const TensorView& db,
                     const TensorView& dloss, const TensorView& hidden, const TensorView& w,
-                    const TensorView& target, const TensorView& b, int64_t ignore_index,
-                    double label_smoothing, std::string_view reduction);
+                    const TensorView& target, const TensorView& lse, const TensorView& b,
+                    int64_t ignore_index, double label_smoothing, std::string_view reduction);
 };
 
 // Kernels (one symbol per op x backend).
@@ -120,15 +124,16 @@ void linear_backward_reference(const Context&, const TensorView& dx, const Tenso
                                const TensorView& db, const TensorView& dy, const TensorView& x,
                                const TensorView& w);
 void fused_linear_cross_entropy_reference(const Context&, const TensorView& loss,
-                                          const TensorView& hidden, const TensorView& w,
+                                          const TensorView& lse, const TensorView& hidden,
+                                          const TensorView& w,
                                           const TensorView& target, const TensorView& b,
                                           int64_t ignore_index, double label_smoothing,
                                           std::string_view reduction);
 void fused_linear_cross_entropy_backward_reference(
     const Context&, const TensorView& dhidden, const TensorView& dw, const TensorView& db,
     const TensorView& dloss, const TensorView& hidden, const TensorView& w,
-    const TensorView& target, const TensorView& b, int64_t ignore_index, double label_smoothing,
-    std::string_view reduction);
+    const TensorView& target, const TensorView& lse, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction);
 
 void register_linear(Registry& reg);  // linear.cpp: ops, reference + cpu kernels, cases
 

@@ -22,32 +22,36 @@ void linear_cuda(const Context&, const TensorView& y, const TensorView& x, const
 const char* linear_cuda_applicable(const TensorView& y, const TensorView& x, const TensorView& w,
                                    const TensorView& b);
 
-// fused_linear_cross_entropy and its backward (ops/linear/flce_cuda.cu): token chunks through
-// cuBLASLt and the cross_entropy CUDA kernels; predicate: dtype (f32 / f16 / bf16) only.
-void fused_linear_cross_entropy_cuda(const Context&, const TensorView& loss, const TensorView& hidden,
-                                     const TensorView& w, const TensorView& target, const TensorView& b,
-                                     int64_t ignore_index, double label_smoothing, std::string_view reduction);
-const char* fused_linear_cross_entropy_cuda_applicable(const TensorView& loss, const TensorView& hidden,
-                                                       const TensorView& w, const TensorView& target,
-                                                       const TensorView& b, int64_t ignore_index,
-                                                       double label_smoothing, std::string_view reduction);
+// fused_linear_cross_entropy and its backward (ops/linear/flce_cuda.cu): blocks of logits through
+// cuBLASLt and small row / column kernels; predicate: dtype (f32 / f16 / bf16) only.
+void fused_linear_cross_entropy_cuda(const Context&, const TensorView& loss, const TensorView& lse,
+                                     const TensorView& hidden, const TensorView& w, const TensorView& target,
+                                     const TensorView& b, int64_t ignore_index, double label_smoothing,
+                                     std::string_view reduction);
+const char* fused_linear_cross_entropy_cuda_applicable(const TensorView& loss, const TensorView& lse,
+                                                       const TensorView& hidden, const TensorView& w,
+                                                       const TensorView& target, const TensorView& b,
+                                                       int64_t ignore_index, double label_smoothing,
+                                                       std::string_view reduction);
 void fused_linear_cross_entropy_backward_cuda(const Context&, const TensorView& dhidden, const TensorView& dw,
                                               const TensorView& db, const TensorView& dloss,
                                               const TensorView& hidden, const TensorView& w,
-                                              const TensorView& target, const TensorView& b, int64_t ignore_index,
-                                              double label_smoothing, std::string_view reduction);
+                                              const TensorView& target, const TensorView& lse, const TensorView& b,
+                                              int64_t ignore_index, double label_smoothing,
+                                              std::string_view reduction);
 const char* fused_linear_cross_entropy_backward_cuda_applicable(
     const TensorView& dhidden, const TensorView& dw, const TensorView& db, const TensorView& dloss,
-    const TensorView& hidden, const TensorView& w, const TensorView& target, const TensorView& b,
-    int64_t ignore_index, double label_smoothing, std::string_view reduction);
+    const TensorView& hidden, const TensorView& w, const TensorView& target, const TensorView& lse,
+    const TensorView& b, int64_t ignore_index, double label_smoothing, std::string_view reduction);
 // Workspace bytes of the last fused_linear_cross_entropy(_backward)_cuda call on this thread
-// (Note [flce cuda chunks]): the op's extra device memory.
+// (Note [flce cuda blocks]): the op's extra device memory.
 int64_t flce_cuda_last_workspace_bytes();
 
-// Note [flce cuda chunks]: the token rows of one chunk and the workspace bytes of a call
-// (reduced_forward: a forward with reduction sum or mean).
+// Note [flce cuda blocks]: the token rows and vocabulary columns of one block of logits and the
+// workspace bytes of a call (reduced_forward: a forward with reduction sum or mean).
 struct FlceCudaPlan {
-  int64_t chunk_rows = 0;
+  int64_t token_rows = 0;
+  int64_t vocab_cols = 0;
   int64_t workspace_bytes = 0;
 };
 FlceCudaPlan flce_cuda_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool backward,

@@ -106,10 +106,10 @@ void linear_backward_reference(const Context&, const TensorView& dx, const Tenso
 
 // Note [flce semantics] (linear.h), with every logit materialised: this is the oracle.
 void fused_linear_cross_entropy_reference(const Context&, const TensorView& loss,
-                                          const TensorView& hidden, const TensorView& w,
-                                          const TensorView& target, const TensorView& b,
-                                          int64_t ignore_index, double label_smoothing,
-                                          std::string_view reduction) {
+                                          const TensorView& lse, const TensorView& hidden,
+                                          const TensorView& w, const TensorView& target,
+                                          const TensorView& b, int64_t ignore_index,
+                                          double label_smoothing, std::string_view reduction) {
   const Reduction r = parse_reduction(FusedLinearCrossEntropy::name, reduction);
   const int64_t tokens = hidden.size(0), vocab = w.size(0);
   const std::vector<double> z = logits_of(hidden, w, b);
@@ -117,14 +117,15 @@ void fused_linear_cross_entropy_reference(const Context&, const TensorView& loss
   double total = 0;
   for (int64_t n = 0; n < tokens; ++n) {
     const int64_t t = target_at(target, n);
+    const double* zn = z.data() + (n * vocab);
+    const double lse_n = log_sum_exp(zn, vocab);
+    put(lse, 0, n, lse_n);
     double loss_n = 0;
     if (t != ignore_index) {
-      const double* zn = z.data() + (n * vocab);
-      const double lse = log_sum_exp(zn, vocab);
       double mean_z = 0;
       for (int64_t v = 0; v < vocab; ++v) mean_z += zn[v];
       mean_z /= double(vocab);
-      loss_n = (1 - ls) * (lse - zn[t]) + ls * (lse - mean_z);
+      loss_n = (1 - ls) * (lse_n - zn[t]) + ls * (lse_n - mean_z);
     }
     if (r == Reduction::none) put(loss, 0, n, loss_n);
     total += loss_n;
@@ -136,8 +137,8 @@ void fused_linear_cross_entropy_reference(const Context&, const TensorView& loss
 void fused_linear_cross_entropy_backward_reference(
     const Context&, const TensorView& dhidden, const TensorView& dw, const TensorView& db,
     const TensorView& dloss, const TensorView& hidden, const TensorView& w,
-    const TensorView& target, const TensorView& b, int64_t ignore_index, double label_smoothing,
-    std::string_view reduction) {
+    const TensorView& target, const TensorView& lse, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction) {
   const Reduction r = parse_reduction(FusedLinearCrossEntropyBackward::name, reduction);
   const int64_t tokens = hidden.size(0), h = hidden.size(1), vocab = w.size(0);
   std::vector<double> g = logits_of(hidden, w, b);  // becomes G = dL/dlogits in place
@@ -153,9 +154,9 @@ void fused_linear_cross_entropy_backward_reference(
       std::fill(gn, gn + vocab, 0.0);
       continue;
     }
-    const double lse = log_sum_exp(gn, vocab);
+    const double lse_n = load_as_double(lse.data, lse.dtype, n * lse.stride(0));  // the forward's
     for (int64_t v = 0; v < vocab; ++v) {
-      const double p = std::exp(gn[v] - lse);
+      const double p = std::exp(gn[v] - lse_n);
       gn[v] = upstream * (p - (v == t ? 1 - ls : 0.0) - ls / double(vocab));
     }
   }

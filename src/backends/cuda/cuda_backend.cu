@@ -165,11 +165,6 @@ WorkspaceCache& workspace_cache() {
   return cache;
 }
 
-int64_t next_power_of_two(int64_t v) {
-  int64_t p = 1 << 20;  // at least 1 MiB: small shapes never grow it
-  while (p < v) p *= 2;
-  return p;
-}
 
 // Note [graph timing]: perf mode's device timer. `batch` calls are captured into one CUDA graph on
 // a private stream (made current for the calls, Note [current stream]) and the graph is replayed
@@ -328,6 +323,14 @@ const CudaDeviceProps& cuda_device_props(int device_index) {
   return props[device_index];
 }
 
+int64_t cuda_workspace_bytes_for(int64_t bytes) {
+  constexpr int64_t kStep = int64_t(8) << 20;
+  if (bytes > 8 * kStep) return (bytes + kStep - 1) / kStep * kStep;
+  int64_t p = 1 << 20;  // at least 1 MiB: small shapes never grow it
+  while (p < bytes) p *= 2;
+  return p;
+}
+
 void* cuda_workspace(const Context& ctx, int64_t bytes) {
   WorkspaceCache& cache = workspace_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
@@ -340,7 +343,7 @@ void* cuda_workspace(const Context& ctx, int64_t bytes) {
     check(cudaFree(w.data), "cudaFree (workspace)");
     w = {};
   }
-  int64_t size = next_power_of_two(bytes);
+  const int64_t size = cuda_workspace_bytes_for(bytes);
   check(cudaMalloc(&w.data, size_t(size)), "cudaMalloc (workspace)");
   w.bytes = size;
   return w.data;

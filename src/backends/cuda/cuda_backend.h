@@ -49,13 +49,15 @@ const CudaDeviceProps& cuda_device_props(int device_index);
 // Note [cuda workspace]: scratch device memory for kernels that need a second pass (the
 // deterministic dw reduction of the norm backward kernels). One buffer per (device, stream) (the
 // stream a launch would use, Note [current stream] in cuda_launch.cuh),
-// allocated on first use and grown (to the next power of two) when a call needs more; never shrunk,
-// released at process exit. Calls on one stream are ordered, so they may share the buffer; calls on
+// allocated on first use and grown when a call needs more (to cuda_workspace_bytes_for(bytes): the
+// next power of two up to 64 MiB, a multiple of 8 MiB above, so a big request does not hold up to
+// twice its size); never shrunk, released at process exit. Calls on one stream are ordered, so they may share the buffer; calls on
 // different streams get different buffers. Growing synchronizes the stream before freeing the old
 // buffer, so the first call with a larger shape pays one allocation; every later call does a
 // mutex-guarded lookup only. Do the first call outside CUDA graph capture (cudaMalloc cannot be
 // captured); later calls capture fine.
 void* cuda_workspace(const Context& ctx, int64_t bytes);
+int64_t cuda_workspace_bytes_for(int64_t bytes);  // what a request of `bytes` allocates
 
 // Note [grid barrier]: a zeroed word of device memory per (device, stream) for kernels that
 // launch cooperatively and meet at a grid-wide barrier (cuda_launch.cuh); each barrier leaves its
