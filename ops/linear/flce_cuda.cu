@@ -22,7 +22,7 @@
 //    64-row group, then
 //      dw[v0 .. v0 + cols) (+)= G^T . hidden_block   (k = rows; beta 0 for the first token block),
 //      dhidden_block (+)= G . w[v0 .. v0 + cols)     (k = cols; f32 accumulator for 16-bit),
-//    and db's accumulator adds the column partials in group order. Each dw slice is written once
+//    and db's accumulator adds the column partials in a fixed order. Each dw slice is written once
 //    per token block (once in all when every token fits one block), with f32 sums of the block's
 //    whole k; dhidden is accumulated in f32 across vocabulary blocks and rounded once.
 // The per-token losses of sum / mean are added by Note [loss row reduction] (one block, fixed
@@ -39,14 +39,15 @@
 // partials) in the backward; r = 16 (running row statistics) in the forward and 4 H (the f32
 // dhidden accumulator, 16-bit only) in the backward. The budget is tokens x V x s / 8 (1/8 of the
 // logits in the input dtype) rounded down to a multiple of 8 MiB (the step in which the backend
-// grows a workspace above 64 MiB, Note [cuda workspace]), and at least 64 MiB (small problems:
+// grows a workspace above 64 MiB, Note [cuda workspace]) less 8 MiB (the stream's other
+// device memory, e.g. a grid barrier's 2 MiB allocation), and at least 64 MiB (small problems:
 // under about 2,100 tokens at V = 128,256 in bf16 the eighth is smaller than cuBLASLt's 32 MiB
 // plus a useful block, and these floors dominate). rows: the fewest equal token blocks
 // (multiples of 64, or all tokens) such that a block with 2,048 columns fits the budget; cols:
 // the most columns (a multiple of 128, at most V) the budget then leaves. At 8,192 tokens x
-// 4,096 -> 128,256 in bf16 the eighth is 250.5 MiB and the budget 248 MiB: the forward takes all
-// 8,192 tokens x 6,784 columns (244 MiB), the backward two blocks of 4,096 tokens x 5,504
-// columns (227 MiB). flce_cuda_plan() tells the plan of a shape, flce_cuda_last_workspace_bytes()
+// 4,096 -> 128,256 in bf16 the eighth is 250.5 MiB and the budget 240 MiB: the forward takes all
+// 8,192 tokens x 6,528 columns (236 MiB), the backward two blocks of 4,096 tokens x 5,248
+// columns (221 MiB). flce_cuda_plan() tells the plan of a shape, flce_cuda_last_workspace_bytes()
 // a call's figure. OPFORGE_CUDA_FLCE_BLOCK = "ROWSxCOLS" forces a block (tests use it to cover
 // many blocks at small sizes; the memory bound then does not apply).
 #include <algorithm>
@@ -184,9 +185,10 @@ Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backwa
   const int64_t per_row = backward ? (p.g16 ? 4 * h : 0) : 16;
   const int64_t fixed = lt::kWorkspaceBytes + (backward ? 4 * vocab : 0) + (reduced_forward ? 4 * tokens : 0) + 16 * kAlign;
   // The eighth rounded down to the workspace's allocation step above 64 MiB (8 MiB: Note [cuda
-  // workspace]), so what the backend allocates for a plan within the budget stays within it.
+  // workspace]), so what the backend allocates for a plan within the budget stays within it, less
+  // one step for the backend's other allocations on the stream (the 2 MiB of a grid barrier).
   const double eighth = double(tokens) * double(vocab) * double(s) / 8.0;
-  const int64_t budget = std::max(kFloorBudget, int64_t(eighth / double(kBudgetStep)) * kBudgetStep);
+  const int64_t budget = std::max(kFloorBudget, (int64_t(eighth / double(kBudgetStep)) - 1) * kBudgetStep);
   const int64_t avail = budget - fixed;
   const int64_t max_rows = avail > 0 ? avail / (per_row + kTargetCols * per_elem) / 64 * 64 : 0;
   const int64_t all = std::max<int64_t>(tokens, 1);
@@ -259,20 +261,24 @@ __global__ void __launch_bounds__(256) merge_block_kernel(MergeArgs a) {
   if (r >= a.rows) return;
   const float* z = a.logits + r * a.ld;
   float m = -INFINITY, s = 0.0f, sz = 0.0f;
-  for (int64_t c = int64_t(lane) * 4; c < a.cols; c += 128) {
-    float v[4];
-    const int n = int(std::min<int64_t>(4, a.cols - c));
-    if (n == 4) {
-      const float4 q = *reinterpret_cast<const float4*>(z + c);  // ld % 8 == 0, workspace aligned
-      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  // Eight columns a lane per step (two 16-byte loads in flight; ld % 8 == 0, workspace aligned).
+  for (int64_t c = int64_t(lane) * 8; c < a.cols; c += 256) {
+    float v[8];
+    const int n = int(std::min<int64_t>(8, a.cols - c));
+    if (n == 8) {
+      const float4 q0 = reinterpret_cast<const float4*>(z + c)[0], q1 = reinterpret_cast<const float4*>(z + c)[1];
+      v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
     } else {
-      for (int k = 0; k < 4; ++k) v[k] = k < n ? z[c + k] : -INFINITY;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = k < n ? z[c + k] : -INFINITY;
     }
-    float um = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+    float um = v[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) um = fmaxf(um, v[k]);
     const float nm = fmaxf(m, um);
     float add = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 8; ++k) {
       if (k < n) add += expf(v[k] - nm), sz += v[k];
     }
     s = s * rescale(m, nm) + add;
@@ -345,64 +351,91 @@ template <class T> struct GradArgs {
 };
 
 // G = g (exp(z - lse) - keep [v == t] - smooth); 0 for ignored tokens, NaN for targets out of
-// range. Block (64, 4): x over four adjacent columns each, y over the rows of one group; the
-// group's column sums are added in row order per y lane, then over the 4 lanes in order.
+// range. Block (32, 8): x over eight adjacent columns each (two 16-byte loads of f32 logits, one
+// 16-byte store of 16-bit G: ld is a multiple of 8 and the workspace 256-byte aligned), y over
+// the rows of one group of kGroupRows; the group's column sums are added in row order per y
+// lane, then over the 8 lanes in order.
+constexpr int kGradCols = 8, kGradLanes = 8;
 template <class T> __global__ void __launch_bounds__(256) grad_kernel(GradArgs<T> a) {
-  __shared__ float sums[4][256];
-  const int64_t c = int64_t(blockIdx.x) * 256 + threadIdx.x * 4;
+  __shared__ float sums[kGradLanes][32 * kGradCols];
+  const int64_t c = int64_t(blockIdx.x) * (32 * kGradCols) + threadIdx.x * kGradCols;
   const int64_t r0 = int64_t(blockIdx.y) * kGroupRows;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const int n_cols = int(std::max<int64_t>(0, std::min<int64_t>(4, a.cols - c)));
-  for (int rr = threadIdx.y; rr < kGroupRows; rr += 4) {
+  float acc[kGradCols] = {};
+  const int n_cols = int(std::max<int64_t>(0, std::min<int64_t>(kGradCols, a.cols - c)));
+  for (int rr = threadIdx.y; rr < kGroupRows; rr += kGradLanes) {
     const int64_t r = r0 + rr;
     if (r >= a.rows || n_cols == 0) break;
     const int64_t n = a.n0 + r, t = a.target[n * a.target_stride];
+    const bool ignored = t == a.ignore_index, bad = !ignored && (t < 0 || t >= a.vocab);
     const float lse = loss::load_float(a.lse, a.lse_dtype, n * a.lse_stride);
-    const float g = t == a.ignore_index ? 0.0f : loss::load_float(a.up, a.up_dtype, n * a.up_stride);
-    const bool bad = t != a.ignore_index && (t < 0 || t >= a.vocab);
+    const float g = ignored ? 0.0f : loss::load_float(a.up, a.up_dtype, n * a.up_stride);
     float* zr = a.z + r * a.ld + c;
-    float v[4];
-    if (n_cols == 4) {
-      const float4 q = *reinterpret_cast<const float4*>(zr);
-      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    float v[kGradCols];
+    if (n_cols == kGradCols) {
+      const float4 q0 = reinterpret_cast<const float4*>(zr)[0], q1 = reinterpret_cast<const float4*>(zr)[1];
+      v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
     } else {
-      for (int k = 0; k < 4; ++k) v[k] = k < n_cols ? zr[k] : 0.0f;
-    }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t vid = a.v0 + c + k;
-      float d = g * (expf(v[k] - lse) - (vid == t ? a.keep : 0.0f) - a.smooth);
-      if (t == a.ignore_index) d = 0.0f;
+      for (int k = 0; k < kGradCols; ++k) v[k] = k < n_cols ? zr[k] : 0.0f;
+    }
+    const int64_t target_col = t - a.v0 - c;  // in [0, 8) when the target is one of these columns
+#pragma unroll
+    for (int k = 0; k < kGradCols; ++k) {
+      float d = g * (expf(v[k] - lse) - (target_col == k ? a.keep : 0.0f) - a.smooth);
+      if (ignored || k >= n_cols) d = 0.0f;
       if (bad) d = NAN;
       v[k] = d;
       acc[k] += d;
     }
     if (a.g16 != nullptr) {
       T* gr = a.g16 + r * a.ld + c;
+      if constexpr (sizeof(T) * kGradCols == sizeof(uint4)) {
+        if (n_cols == kGradCols) {
+          union { uint4 u; T h[kGradCols]; } pack;
+#pragma unroll
+          for (int k = 0; k < kGradCols; ++k) pack.h[k] = from_f32<T>(v[k]);
+          *reinterpret_cast<uint4*>(gr) = pack.u;
+          continue;
+        }
+      }
       for (int k = 0; k < n_cols; ++k) gr[k] = from_f32<T>(v[k]);
-    } else if (n_cols == 4) {
-      *reinterpret_cast<float4*>(zr) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if (n_cols == kGradCols) {
+      reinterpret_cast<float4*>(zr)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(zr)[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else {
       for (int k = 0; k < n_cols; ++k) zr[k] = v[k];
     }
   }
 #pragma unroll
-  for (int k = 0; k < 4; ++k) sums[threadIdx.y][threadIdx.x * 4 + k] = acc[k];
+  for (int k = 0; k < kGradCols; ++k) sums[threadIdx.y][threadIdx.x * kGradCols + k] = acc[k];
   __syncthreads();
   if (threadIdx.y != 0) return;
   for (int k = 0; k < n_cols; ++k) {
-    const int j = threadIdx.x * 4 + k;
-    a.partial[int64_t(blockIdx.y) * a.ld + c + k] = ((sums[0][j] + sums[1][j]) + sums[2][j]) + sums[3][j];
+    const int j = threadIdx.x * kGradCols + k;
+    float s = 0.0f;
+#pragma unroll
+    for (int lane = 0; lane < kGradLanes; ++lane) s += sums[lane][j];
+    a.partial[int64_t(blockIdx.y) * a.ld + c + k] = s;
   }
 }
 
-// db_acc[v0 + c] += the column's group partials, in group order.
-__global__ void column_sums_kernel(const float* partial, int64_t groups, int64_t ld, int64_t cols, float* db_acc) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+// db_acc[v0 + c] += the column's group partials. Block (32, 8): x over 32 columns, y over every
+// eighth group (in order), then the 8 lane sums in order: a fixed order, 8 dependent loads a
+// thread instead of one per group.
+__global__ void __launch_bounds__(256) column_sums_kernel(const float* partial, int64_t groups, int64_t ld,
+                                                          int64_t cols, float* db_acc) {
+  __shared__ float lane_sums[8][32];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) s += partial[g * ld + c];
-  db_acc[c] += s;
+  if (c < cols)
+    for (int64_t g = threadIdx.y; g < groups; g += 8) s += partial[g * ld + c];
+  lane_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float total = 0.0f;
+#pragma unroll
+  for (int lane = 0; lane < 8; ++lane) total += lane_sums[lane][threadIdx.x];
+  db_acc[c] += total;
 }
 
 // out[r * ld_out + k] = acc[r * cols + k] rounded to T.
@@ -566,9 +599,11 @@ void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorVi
         GradArgs<T> a{logits, g16, partial, plan.ld, rows, cols, v0, n0, vocab, target.ptr<int64_t>(),
                       cuda::loss::stride0(target), ignore_index, lse.data, lse.dtype, cuda::loss::stride0(lse),
                       up, up_dtype, up_stride, float(1.0 - label_smoothing), float(label_smoothing / double(vocab))};
-        grad_kernel<T><<<dim3(cuda::grid_for(cols, 256), unsigned(groups)), dim3(64, 4), 0, stream>>>(a);
+        grad_kernel<T><<<dim3(cuda::grid_for(cols, 32 * kGradCols), unsigned(groups)), dim3(32, kGradLanes), 0,
+                         stream>>>(a);
         cuda::check_launch("fused_linear_cross_entropy_backward gradient launch");
-        column_sums_kernel<<<cuda::grid_for(cols, 256), 256, 0, stream>>>(partial, groups, plan.ld, cols, db_acc + v0);
+        column_sums_kernel<<<cuda::grid_for(cols, 32), dim3(32, 8), 0, stream>>>(partial, groups, plan.ld, cols,
+                                                                              db_acc + v0);
         cuda::check_launch("fused_linear_cross_entropy_backward columns launch");
         // dw[v0 .. v0 + cols) (+)= G^T . hidden[n0 .. n0 + rows)
         cuda::lt::Gemm gw;
