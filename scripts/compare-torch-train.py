@@ -3,7 +3,8 @@
 
 Two shapes of a Llama-3 training step, in bf16 (the harness's `training` case group):
   - cross_entropy forward + backward, 8,192 tokens x vocab 128,256 (mean reduction): opforge's
-    cross_entropy then cross_entropy_backward, against torch eager and torch.compile of
+    cross_entropy then cross_entropy_backward, and opforge's fused cross_entropy_with_grad (loss,
+    lse and dlogits in one call, Liger's form), against torch eager and torch.compile of
     F.cross_entropy(logits.float(), target) followed by .backward();
   - fused_linear_cross_entropy forward + backward, 8,192 tokens x 4,096 -> 128,256: opforge's
     fused op and its backward, against unfused torch eager: logits = hidden @ w.T (bf16), then
@@ -25,7 +26,7 @@ import compare_common
 TOKENS, HIDDEN, VOCAB = 8192, 4096, 128256
 CE_CASE = f"t{TOKENS}xv{VOCAB}"
 FLCE_CASE = f"t{TOKENS}_h{HIDDEN}_v{VOCAB}"
-OPS = ("cross_entropy", "cross_entropy_backward", "fused_linear_cross_entropy",
+OPS = ("cross_entropy", "cross_entropy_backward", "cross_entropy_with_grad", "fused_linear_cross_entropy",
        "fused_linear_cross_entropy_backward")
 
 
@@ -100,6 +101,7 @@ def main():
     ours, copy_gbps, device = opforge_times(args)
     theirs, version = torch_times(torch, args)
     ce_us = ours["cross_entropy"][1] + ours["cross_entropy_backward"][1]
+    ce_fused_impl, ce_fused_us = ours["cross_entropy_with_grad"]
     fl_us = ours["fused_linear_cross_entropy"][1] + ours["fused_linear_cross_entropy_backward"][1]
     logits_gb = TOKENS * VOCAB * 2 / 1e9
     lines = [
@@ -113,6 +115,10 @@ def main():
         f"{ours['cross_entropy_backward'][1] / 1e3:.3f}) | {theirs[('ce', 'eager')]:.3f} | "
         f"{theirs[('ce', 'compile')]:.3f} | {theirs[('ce', 'eager')] * 1e3 / ce_us:.2f}x | "
         f"{theirs[('ce', 'compile')] * 1e3 / ce_us:.2f}x |",
+        f"| cross_entropy fwd+bwd fused (cross_entropy_with_grad), {TOKENS} x {VOCAB} | {ce_fused_us / 1e3:.3f} "
+        f"({ce_fused_impl}; {2 * logits_gb / (ce_fused_us * 1e-6):.0f} GB/s for the logits read and dlogits written) | "
+        f"{theirs[('ce', 'eager')]:.3f} | {theirs[('ce', 'compile')]:.3f} | "
+        f"{theirs[('ce', 'eager')] * 1e3 / ce_fused_us:.2f}x | {theirs[('ce', 'compile')] * 1e3 / ce_fused_us:.2f}x |",
         f"| fused_linear_cross_entropy fwd+bwd, {TOKENS} x {HIDDEN} -> {VOCAB} (torch: unfused) | "
         f"{fl_us / 1e3:.3f} ({ours['fused_linear_cross_entropy'][1] / 1e3:.3f} + "
         f"{ours['fused_linear_cross_entropy_backward'][1] / 1e3:.3f}) | {theirs[('flce', 'eager')]:.3f} | - | "

@@ -243,6 +243,10 @@ if [[ $built -eq 1 ]]; then
   # vocabulary blocks, short last ones, at the cases' small sizes.
   run_step check_flce_blocks "$OUT/check.log" 120 env OPFORGE_CUDA_FLCE_BLOCK=64x256 "$BIN" check \
     --backend cuda --mode test fused_linear_cross_entropy fused_linear_cross_entropy_backward
+  # cross_entropy_with_grad with every row in a cluster of 8 CTAs (Note [ce with grad clusters]):
+  # the distributed-shared-memory merge over the most ranks, and ranks with short or empty slices.
+  run_step check_ce_grad_clusters "$OUT/check.log" 120 env OPFORGE_CE_GRAD_CLUSTER=8 "$BIN" check \
+    --backend cuda --mode test cross_entropy_with_grad
   # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
   run_step bench "$OUT/bench.log" 300 "$BIN" bench ${GPU_CHECK_BENCH_ARGS:-} --backend cuda --json "$OUT/bench.json"
 

@@ -1,5 +1,6 @@
 // Harness cases of the loss family (see Case in opforge/op.h).
 //
+// cross_entropy, cross_entropy_backward and cross_entropy_with_grad share their cases (ce_specs).
 // Shapes are [tokens, vocab]: small and odd sizes, medium 16 x 32000, large cases with vocab
 // 32000 (Llama-2 / Mistral) and 128256 (Llama-3) for 16..1024 tokens (the 1024 x 128256 case is
 // cross_entropy's alone, to keep the reference tractable), and edge cases: no rows, one element,
@@ -99,7 +100,12 @@ std::vector<CeSpec> ce_specs() {
   return s;
 }
 
-Case ce_case(const CeSpec& s, bool backward) {
+// The cases of cross_entropy (forward), cross_entropy_backward (backward: lse is an input) and
+// cross_entropy_with_grad (fused: dloss in, lse and dlogits out) over the same specs.
+enum class CeOp { forward, backward, fused };
+
+Case ce_case(const CeSpec& s, CeOp op) {
+  const bool backward = op == CeOp::backward;
   Case c;
   c.label = s.label;
   c.group = s.group;
@@ -107,8 +113,8 @@ Case ce_case(const CeSpec& s, bool backward) {
   logits.scale = s.scale;
   c.args.push_back({"logits", logits});
   c.args.push_back({"target", ids(s.rows, s.vocab, s.targets)});
+  if (op != CeOp::forward) c.args.push_back({"dloss", upstream(loss_shape(s.reduction, s.rows, s.vocab, false))});
   if (backward) {
-    c.args.push_back({"dloss", upstream(loss_shape(s.reduction, s.rows, s.vocab, false))});
     // lse of N(0, s^2) logits is about log V + s^2 / 2: p = exp(z - lse) stays a probability.
     TensorInit lse;
     lse.shape = Shape{s.rows};
@@ -117,8 +123,8 @@ Case ce_case(const CeSpec& s, bool backward) {
     lse.low = std::log(double(s.vocab)) + 0.5 * z * z;
     lse.high = lse.low + 0.25;
     c.args.push_back({"lse", lse});
-    if (s.pad > 0) c.args.push_back({"dlogits", matrix(s.rows, s.vocab, Fill::zeros, 0, 1, 3)});
   }
+  if (op != CeOp::forward && s.pad > 0) c.args.push_back({"dlogits", matrix(s.rows, s.vocab, Fill::zeros, 0, 1, 3)});
   c.args.push_back({"ignore_index", Value(s.ignore_index)});
   c.args.push_back({"label_smoothing", Value(s.label_smoothing)});
   c.args.push_back({"lse_square_scale", Value(s.lse_square_scale)});
@@ -226,12 +232,17 @@ std::vector<Case> pair_cases(PairOp op, bool backward) {
 
 std::vector<Case> cross_entropy_cases() {
   std::vector<Case> cases;
-  for (const CeSpec& s : ce_specs()) cases.push_back(ce_case(s, false));
+  for (const CeSpec& s : ce_specs()) cases.push_back(ce_case(s, CeOp::forward));
   return cases;
 }
 std::vector<Case> cross_entropy_backward_cases() {
   std::vector<Case> cases;
-  for (const CeSpec& s : ce_specs()) cases.push_back(ce_case(s, true));
+  for (const CeSpec& s : ce_specs()) cases.push_back(ce_case(s, CeOp::backward));
+  return cases;
+}
+std::vector<Case> cross_entropy_with_grad_cases() {
+  std::vector<Case> cases;
+  for (const CeSpec& s : ce_specs()) cases.push_back(ce_case(s, CeOp::fused));
   return cases;
 }
 std::vector<Case> kl_div_cases() { return pair_cases(PairOp::kl_div, false); }

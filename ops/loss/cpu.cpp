@@ -1,5 +1,5 @@
 // CPU kernels of the loss family: cross_entropy_cpu, kl_div_cpu, jsd_cpu, tvd_cpu and their
-// backward kernels.
+// backward kernels, and cross_entropy_with_grad_cpu.
 //
 // Assumes: [N, V] inputs with Note [row layout] rows, f32 / bf16 / f16 (f64 goes to the
 // reference: the predicates say so), the op's check has run (targets in range, no overlaps).
@@ -15,6 +15,9 @@
 // - cross_entropy_backward needs no max or sum: the saved lse gives p = exp(z - lse) directly,
 //   so it is one sweep (read logits, write dlogits); the target entry is then recomputed alone
 //   in f32 and stored, so p - 1 is not formed from a rounded bf16 value.
+// - cross_entropy_with_grad runs both per row, the gradient sweep right after the row's
+//   statistics, so its second read of the row comes from L1 / L2 (a 128k-vocab bf16 row is
+//   256 KB) rather than memory: one read of the logits from memory, one write of dlogits.
 // - kl_div, jsd, tvd: one sweep per row over both inputs with vector log / exp; reduced losses
 //   are per-row sums (f32 vectors per L1 block, blocks in double) added in row order on the
 //   host: deterministic and independent of the thread count.
@@ -34,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "backends/cpu/simd-inl.h"
@@ -71,72 +75,94 @@ HWY_INLINE std::pair<float, float> sum_exp_and_values(const float* v, int64_t n,
   });
 }
 
+// One row's statistics: writes its lse and loss into a.row_lse / a.row_loss and returns the lse.
+// Note [online softmax blocks] over L1 blocks widened into `scratch` (block + lanes floats).
 template <class T, bool kCap>
-void ce_forward_rows(const CrossEntropyRows& a, int64_t begin, int64_t end) {
-  const Cap<kCap> cap{a.softcap, a.softcap > 0 ? 1.0f / a.softcap : 0.0f};
-  const int64_t lanes = int64_t(hn::Lanes(DF()));
-  std::unique_ptr<float[]> scratch(new float[size_t(a.block + lanes)]);
+HWY_INLINE float ce_row_stats(const CrossEntropyRows& a, const Cap<kCap>& cap, float* scratch, int64_t row) {
   const bool smoothing = a.label_smoothing > 0;
-  for (int64_t row = begin; row < end; ++row) {
-    const T* x = static_cast<const T*>(a.logits) + row * a.logits_stride;
-    OnlineMaxSum stats;
-    double sum_z = 0;
-    for (int64_t b0 = 0; b0 < a.vocab; b0 += a.block) {
-      const int64_t len = std::min(a.block, a.vocab - b0);
-      const bool any = stats.raise_to(widen_max(x + b0, scratch.get(), len, cap));
-      if (smoothing) {
-        const auto [se, sz] = sum_exp_and_values(scratch.get(), len, stats.max);
-        if (any) stats.sum += se;
-        sum_z += sz;
-      } else if (any) {
-        stats.sum += sum_exp<false>(scratch.get(), len, stats.max);
-      }
+  const T* x = static_cast<const T*>(a.logits) + row * a.logits_stride;
+  OnlineMaxSum stats;
+  double sum_z = 0;
+  for (int64_t b0 = 0; b0 < a.vocab; b0 += a.block) {
+    const int64_t len = std::min(a.block, a.vocab - b0);
+    const bool any = stats.raise_to(widen_max(x + b0, scratch, len, cap));
+    if (smoothing) {
+      const auto [se, sz] = sum_exp_and_values(scratch, len, stats.max);
+      if (any) stats.sum += se;
+      sum_z += sz;
+    } else if (any) {
+      stats.sum += sum_exp<false>(scratch, len, stats.max);
     }
-    const double lse = double(stats.max) + std::log(stats.sum);
-    a.row_lse[row] = float(lse);
-    const int64_t t = a.target[row * a.target_stride];
-    if (t == a.ignore_index) {
-      a.row_loss[row] = 0;
-      continue;
-    }
-    const double ls = a.label_smoothing, z_t = cap.scalar(float(x[t]));
-    double l = (1 - ls) * (lse - z_t) + double(a.lse_square_scale) * lse * lse;
-    if (smoothing) l += ls * lse - ls / double(a.vocab) * sum_z;
-    a.row_loss[row] = l;
   }
+  const double lse = double(stats.max) + std::log(stats.sum);
+  a.row_lse[row] = float(lse);
+  const int64_t t = a.target[row * a.target_stride];
+  if (t == a.ignore_index) {
+    a.row_loss[row] = 0;
+    return float(lse);
+  }
+  const double ls = a.label_smoothing, z_t = cap.scalar(float(x[t]));
+  double l = (1 - ls) * (lse - z_t) + double(a.lse_square_scale) * lse * lse;
+  if (smoothing) l += ls * lse - ls / double(a.vocab) * sum_z;
+  a.row_loss[row] = l;
+  return float(lse);
 }
 
+// One row's gradient from its lse and upstream gradient a.grad[row] into a.dlogits.
 template <class T, bool kCap>
-void ce_backward_rows(const CrossEntropyRows& a, int64_t begin, int64_t end) {
+HWY_INLINE void ce_row_grad(const CrossEntropyRows& a, const Cap<kCap>& cap, int64_t row, float lse) {
   const DF d;
-  const Cap<kCap> cap{a.softcap, a.softcap > 0 ? 1.0f / a.softcap : 0.0f};
   const float eps = a.label_smoothing / float(a.vocab);
+  const T* x = static_cast<const T*>(a.logits) + row * a.logits_stride;
+  T* dx = static_cast<T*>(a.dlogits) + row * a.dlogits_stride;
+  const int64_t t = a.target[row * a.target_stride];
+  if (t == a.ignore_index) {
+    for_each_vector(a.vocab, [&](int64_t i, size_t count) { store_n(hn::Zero(d), dx + i, count); });
+    return;
+  }
+  const float g = float(a.grad[row]);
+  const float c1 = 1.0f + 2.0f * a.lse_square_scale * lse;
+  const VF vp = hn::Set(d, g * c1), vb = hn::Set(d, -g * eps), vl = hn::Set(d, lse);
   const VF one = hn::Set(d, 1.0f), inv_c = hn::Set(d, cap.inv_c);
+  // p below p_min would make g * c1 * p subnormal, which x86 cores compute through a slow
+  // microcode assist: rows with an outlier logit (lse far above the rest) spent much of their time
+  // there (cross_entropy_with_grad, 1024 x 32000 bf16 with the cases' 1% outliers, one thread on
+  // the 2-vCPU EPYC VM: 44 ms, 30 ms with this flush). Such terms (< 1.2e-38) become 0, far below
+  // any tolerance.
+  const float gc = std::fabs(g * c1);
+  const VF p_min = hn::Set(d, gc > 0 ? std::numeric_limits<float>::min() / gc : 0.0f);
+  for_each_vector(a.vocab, [&](int64_t i, size_t count) {
+    const VF z = cap(load_n(x + i, count));
+    const VF p = exp_bounded(hn::Sub(z, vl));
+    VF dz = hn::MulAdd(vp, hn::IfThenZeroElse(hn::Lt(p, p_min), p), vb);
+    if constexpr (kCap) {
+      const VF r = hn::Mul(z, inv_c);
+      dz = hn::Mul(dz, hn::NegMulAdd(r, r, one));
+    }
+    store_n(dz, dx + i, count);
+  });
+  // The target entry on its own: (p_t - eps - (1 - ls)) in f32, rounded once.
+  const float z_t = cap.scalar(float(x[t]));
+  float dz_t = g * (c1 * std::exp(z_t - lse) - eps - (1.0f - a.label_smoothing));
+  if (kCap) dz_t *= 1.0f - (z_t * cap.inv_c) * (z_t * cap.inv_c);
+  dx[t] = T(dz_t);
+}
+
+// Rows [begin, end): statistics (forward), the gradient from the saved lse (backward), or both
+// per row (fused: the gradient sweep reads the row again while it is still in L1 / L2).
+template <class T, bool kCap>
+void ce_sweep_rows(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
+  const Cap<kCap> cap{a.softcap, a.softcap > 0 ? 1.0f / a.softcap : 0.0f};
+  const int64_t lanes = int64_t(hn::Lanes(DF()));
+  std::unique_ptr<float[]> scratch;
+  if (sweep != CeSweep::backward) scratch.reset(new float[size_t(a.block + lanes)]);
   for (int64_t row = begin; row < end; ++row) {
-    const T* x = static_cast<const T*>(a.logits) + row * a.logits_stride;
-    T* dx = static_cast<T*>(a.dlogits) + row * a.dlogits_stride;
-    const int64_t t = a.target[row * a.target_stride];
-    if (t == a.ignore_index) {
-      for_each_vector(a.vocab, [&](int64_t i, size_t count) { store_n(hn::Zero(d), dx + i, count); });
+    if (sweep == CeSweep::backward) {
+      ce_row_grad<T, kCap>(a, cap, row, a.lse[row]);
       continue;
     }
-    const float g = float(a.grad[row]), lse = a.lse[row];
-    const float c1 = 1.0f + 2.0f * a.lse_square_scale * lse;
-    const VF vp = hn::Set(d, g * c1), vb = hn::Set(d, -g * eps), vl = hn::Set(d, lse);
-    for_each_vector(a.vocab, [&](int64_t i, size_t count) {
-      const VF z = cap(load_n(x + i, count));
-      VF dz = hn::MulAdd(vp, exp_bounded(hn::Sub(z, vl)), vb);
-      if constexpr (kCap) {
-        const VF r = hn::Mul(z, inv_c);
-        dz = hn::Mul(dz, hn::NegMulAdd(r, r, one));
-      }
-      store_n(dz, dx + i, count);
-    });
-    // The target entry on its own: (p_t - eps - (1 - ls)) in f32, rounded once.
-    const float z_t = cap.scalar(float(x[t]));
-    float dz_t = g * (c1 * std::exp(z_t - lse) - eps - (1.0f - a.label_smoothing));
-    if (kCap) dz_t *= 1.0f - (z_t * cap.inv_c) * (z_t * cap.inv_c);
-    dx[t] = T(dz_t);
+    const float lse = ce_row_stats<T, kCap>(a, cap, scratch.get(), row);
+    if (sweep == CeSweep::fused) ce_row_grad<T, kCap>(a, cap, row, lse);
   }
 }
 
@@ -233,21 +259,16 @@ void pair_rows(const PairRows& p, int64_t begin, int64_t end) {
 }
 
 template <class T>
-void ce_rows_for(const CrossEntropyRows& a, bool backward, int64_t begin, int64_t end) {
-  if (backward) {
-    if (a.softcap > 0) ce_backward_rows<T, true>(a, begin, end);
-    else ce_backward_rows<T, false>(a, begin, end);
-  } else {
-    if (a.softcap > 0) ce_forward_rows<T, true>(a, begin, end);
-    else ce_forward_rows<T, false>(a, begin, end);
-  }
+void ce_rows_for(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
+  if (a.softcap > 0) ce_sweep_rows<T, true>(a, sweep, begin, end);
+  else ce_sweep_rows<T, false>(a, sweep, begin, end);
 }
 
-void ce_rows(const CrossEntropyRows& a, bool backward, int64_t begin, int64_t end) {
+void ce_rows(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
   switch (a.dtype) {
-    case DType::bf16: return ce_rows_for<bf16_t>(a, backward, begin, end);
-    case DType::f16: return ce_rows_for<f16_t>(a, backward, begin, end);
-    default: return ce_rows_for<float>(a, backward, begin, end);
+    case DType::bf16: return ce_rows_for<bf16_t>(a, sweep, begin, end);
+    case DType::f16: return ce_rows_for<f16_t>(a, sweep, begin, end);
+    default: return ce_rows_for<float>(a, sweep, begin, end);
   }
 }
 
@@ -304,6 +325,32 @@ CrossEntropyRows ce_rows_of(const TensorView& logits, const TensorView& target,
   a.lse_square_scale = float(lse_square_scale);
   a.softcap = float(softcap);
   return a;
+}
+
+// cross_entropy's loss output from the per-row losses: as they are (none), their sum, or their
+// sum over the rows not ignored (mean; 0 such rows give NaN).
+void store_ce_loss(const TensorView& loss, const std::vector<double>& row_loss, const TensorView& target,
+                   int64_t ignore_index, Reduction r) {
+  const int64_t rows = int64_t(row_loss.size());
+  if (r == Reduction::none) {
+    for (int64_t row = 0; row < rows; ++row) store_from_double(loss.data, loss.dtype, row * loss.stride(0), row_loss[size_t(row)]);
+    return;
+  }
+  double total = 0;
+  for (double l : row_loss) total += l;
+  if (r == Reduction::mean) total /= double(kept_rows(target, rows, ignore_index));
+  store_from_double(loss.data, loss.dtype, 0, total);
+}
+
+// The upstream gradient of each row: dloss[row] (none), dloss[0] (sum), dloss[0] / rows not
+// ignored (mean).
+std::vector<double> ce_row_grads(const TensorView& dloss, const TensorView& target, int64_t ignore_index,
+                                 int64_t rows, Reduction r) {
+  std::vector<double> grad(static_cast<size_t>(rows));
+  const double divisor = r == Reduction::mean ? double(kept_rows(target, rows, ignore_index)) : 1.0;
+  for (int64_t row = 0; row < rows; ++row)
+    grad[size_t(row)] = r == Reduction::none ? value_at(dloss, row) : value_at(dloss, 0) / divisor;
+  return grad;
 }
 
 // kept[row] = 1 unless labels[row] == ignore_index; returns the count.
@@ -375,22 +422,13 @@ void cross_entropy_cpu(const Context&, const TensorView& loss, const TensorView&
                        const TensorView& logits, const TensorView& target, int64_t ignore_index,
                        double label_smoothing, double lse_square_scale, double softcap,
                        std::string_view reduction) {
-  const int64_t rows = logits.size(0);
   CrossEntropyRows a = ce_rows_of(logits, target, ignore_index, label_smoothing, lse_square_scale, softcap);
-  std::vector<double> row_loss(static_cast<size_t>(rows));
+  std::vector<double> row_loss(static_cast<size_t>(logits.size(0)));
   a.row_loss = row_loss.data();
   a.row_lse = lse.ptr<float>();  // lse is f32 for the dtypes of this kernel (Note [loss outputs])
   auto* fn = HWY_DYNAMIC_DISPATCH(loss_simd::ce_rows);
-  run_tasks(row_tasks(logits, 1), [&](int64_t begin, int64_t end) { fn(a, false, begin, end); });
-  const Reduction r = reduction_of(reduction);
-  if (r == Reduction::none) {
-    for (int64_t row = 0; row < rows; ++row) store_from_double(loss.data, loss.dtype, row * loss.stride(0), row_loss[size_t(row)]);
-    return;
-  }
-  double total = 0;
-  for (double l : row_loss) total += l;
-  if (r == Reduction::mean) total /= double(kept_rows(target, rows, ignore_index));
-  store_from_double(loss.data, loss.dtype, 0, total);
+  run_tasks(row_tasks(logits, 1), [&](int64_t begin, int64_t end) { fn(a, CeSweep::forward, begin, end); });
+  store_ce_loss(loss, row_loss, target, ignore_index, reduction_of(reduction));
 }
 
 void cross_entropy_backward_cpu(const Context&, const TensorView& dlogits, const TensorView& dloss,
@@ -399,21 +437,36 @@ void cross_entropy_backward_cpu(const Context&, const TensorView& dlogits, const
                                 double label_smoothing, double lse_square_scale, double softcap,
                                 std::string_view reduction) {
   const int64_t rows = logits.size(0);
-  const Reduction r = reduction_of(reduction);
   CrossEntropyRows a = ce_rows_of(logits, target, ignore_index, label_smoothing, lse_square_scale, softcap);
   std::vector<float> lse_f(static_cast<size_t>(rows));
-  std::vector<double> grad(static_cast<size_t>(rows));
-  const double divisor = r == Reduction::mean ? double(kept_rows(target, rows, ignore_index)) : 1.0;
-  for (int64_t row = 0; row < rows; ++row) {
-    lse_f[size_t(row)] = float(value_at(lse, row));
-    grad[size_t(row)] = r == Reduction::none ? value_at(dloss, row) : value_at(dloss, 0) / divisor;
-  }
+  for (int64_t row = 0; row < rows; ++row) lse_f[size_t(row)] = float(value_at(lse, row));
+  const std::vector<double> grad = ce_row_grads(dloss, target, ignore_index, rows, reduction_of(reduction));
   a.lse = lse_f.data();
   a.grad = grad.data();
   a.dlogits = dlogits.data;
   a.dlogits_stride = dlogits.row_stride();
   auto* fn = HWY_DYNAMIC_DISPATCH(loss_simd::ce_rows);
-  run_tasks(row_tasks(logits, 2), [&](int64_t begin, int64_t end) { fn(a, true, begin, end); });
+  run_tasks(row_tasks(logits, 2), [&](int64_t begin, int64_t end) { fn(a, CeSweep::backward, begin, end); });
+}
+
+void cross_entropy_with_grad_cpu(const Context&, const TensorView& loss, const TensorView& lse,
+                                 const TensorView& dlogits, const TensorView& logits,
+                                 const TensorView& target, const TensorView& dloss,
+                                 int64_t ignore_index, double label_smoothing,
+                                 double lse_square_scale, double softcap,
+                                 std::string_view reduction) {
+  const Reduction r = reduction_of(reduction);
+  CrossEntropyRows a = ce_rows_of(logits, target, ignore_index, label_smoothing, lse_square_scale, softcap);
+  std::vector<double> row_loss(static_cast<size_t>(logits.size(0)));
+  const std::vector<double> grad = ce_row_grads(dloss, target, ignore_index, logits.size(0), r);
+  a.row_loss = row_loss.data();
+  a.row_lse = lse.ptr<float>();
+  a.grad = grad.data();
+  a.dlogits = dlogits.data;
+  a.dlogits_stride = dlogits.row_stride();
+  auto* fn = HWY_DYNAMIC_DISPATCH(loss_simd::ce_rows);
+  run_tasks(row_tasks(logits, 2), [&](int64_t begin, int64_t end) { fn(a, CeSweep::fused, begin, end); });
+  store_ce_loss(loss, row_loss, target, ignore_index, r);
 }
 
 void kl_div_cpu(const Context&, const TensorView& loss, const TensorView& y_pred,

@@ -494,6 +494,7 @@ void register_loss_cuda(Registry& reg) {
   reg.add_kernel<CrossEntropyBackward>(cuda_kernel_desc("cuda", 100, bwd, false), &cross_entropy_backward_cuda,
                                        &cross_entropy_backward_cuda_applicable);
   register_divergence_cuda(reg);
+  register_ce_with_grad_cuda(reg);
 }
 
 }  // namespace opforge

@@ -53,6 +53,12 @@ void cross_entropy_backward_cpu(const Context&, const TensorView& dlogits, const
                                 const TensorView& lse, int64_t ignore_index,
                                 double label_smoothing, double lse_square_scale, double softcap,
                                 std::string_view reduction);
+void cross_entropy_with_grad_cpu(const Context&, const TensorView& loss, const TensorView& lse,
+                                 const TensorView& dlogits, const TensorView& logits,
+                                 const TensorView& target, const TensorView& dloss,
+                                 int64_t ignore_index, double label_smoothing,
+                                 double lse_square_scale, double softcap,
+                                 std::string_view reduction);
 void kl_div_cpu(const Context&, const TensorView& loss, const TensorView& y_pred,
                 const TensorView& y_true, bool log_target, std::string_view reduction, double eps);
 void kl_div_backward_cpu(const Context&, const TensorView& dy_pred, const TensorView& dloss,
@@ -75,6 +81,7 @@ const char* loss_cpu_reason(const TensorView& x);
 // cases.cpp
 std::vector<Case> cross_entropy_cases();
 std::vector<Case> cross_entropy_backward_cases();
+std::vector<Case> cross_entropy_with_grad_cases();
 std::vector<Case> kl_div_cases();
 std::vector<Case> kl_div_backward_cases();
 std::vector<Case> jsd_cases();
@@ -83,6 +90,10 @@ std::vector<Case> tvd_cases();
 std::vector<Case> tvd_backward_cases();
 
 // ---- what cpu.cpp's per-target code receives (plain data; strides in elements) ----------------
+// Which cross_entropy sweep a row gets: statistics (loss, lse), the gradient from a saved lse, or
+// both, the gradient while the row is still in cache (cross_entropy_with_grad).
+enum class CeSweep : uint8_t { forward, backward, fused };
+
 struct CrossEntropyRows {
   DType dtype = DType::f32;
   int64_t vocab = 0;
@@ -96,7 +107,7 @@ struct CrossEntropyRows {
   // forward
   double* row_loss = nullptr;  // [N]
   float* row_lse = nullptr;    // [N]
-  // backward
+  // backward (fused: grad and dlogits; the lse is the row's own)
   const float* lse = nullptr;  // [N] (widened by the caller when lse is f64)
   const double* grad = nullptr;  // [N]: the upstream gradient of each row (scale folded in)
   void* dlogits = nullptr;

@@ -115,6 +115,17 @@ void check_beta(const char* op, double beta) {
   if (beta > 1.0) throw_argument_error(op, "beta", "a value in [0, 1]", std::to_string(beta));
 }
 
+// cross_entropy's outputs: the loss (per row or reduced) and lse [N], both of loss_dtype.
+void check_ce_outputs(const char* op, const TensorView& loss, const TensorView& lse,
+                      const TensorView& logits, std::string_view reduction) {
+  check_loss_out(op, loss, logits, reduction_of(reduction), false);
+  expect_defined(op, "lse", lse);
+  expect_dtype(op, "lse", lse, loss_dtype(logits.dtype));
+  expect_shape(op, "lse", lse, Shape{logits.size(0)});
+  expect_rows_uniform(op, "lse", lse);
+  expect_same_device(op, "lse", lse, "logits", logits);
+}
+
 }  // namespace
 
 void CrossEntropy::check(const TensorView& loss, const TensorView& lse, const TensorView& logits,
@@ -123,14 +134,30 @@ void CrossEntropy::check(const TensorView& loss, const TensorView& lse, const Te
   check_matrix(name, "logits", logits);
   check_ids(name, "target", target, logits);
   check_ce_scalars(name, label_smoothing, lse_square_scale, softcap, reduction);
-  check_loss_out(name, loss, logits, reduction_of(reduction), false);
-  expect_defined(name, "lse", lse);
-  expect_dtype(name, "lse", lse, loss_dtype(logits.dtype));
-  expect_shape(name, "lse", lse, Shape{logits.size(0)});
-  expect_rows_uniform(name, "lse", lse);
-  expect_same_device(name, "lse", lse, "logits", logits);
+  check_ce_outputs(name, loss, lse, logits, reduction);
   no_overlap(name, "loss", loss, {{"logits", &logits}, {"target", &target}, {"lse", &lse}});
   no_overlap(name, "lse", lse, {{"logits", &logits}, {"target", &target}});
+  check_target_range(name, target, logits.size(1), ignore_index);
+}
+
+void CrossEntropyWithGrad::check(const TensorView& loss, const TensorView& lse,
+                                 const TensorView& dlogits, const TensorView& logits,
+                                 const TensorView& target, const TensorView& dloss,
+                                 int64_t ignore_index, double label_smoothing,
+                                 double lse_square_scale, double softcap,
+                                 std::string_view reduction) {
+  check_matrix(name, "logits", logits);
+  check_ids(name, "target", target, logits);
+  check_ce_scalars(name, label_smoothing, lse_square_scale, softcap, reduction);
+  check_dloss(name, dloss, logits, reduction_of(reduction), false);
+  check_ce_outputs(name, loss, lse, logits, reduction);
+  check_like(name, "dlogits", dlogits, "logits", logits);
+  no_overlap(name, "loss", loss,
+             {{"logits", &logits}, {"target", &target}, {"dloss", &dloss}, {"lse", &lse},
+              {"dlogits", &dlogits}});
+  no_overlap(name, "lse", lse,
+             {{"logits", &logits}, {"target", &target}, {"dloss", &dloss}, {"dlogits", &dlogits}});
+  no_overlap(name, "dlogits", dlogits, {{"logits", &logits}, {"target", &target}, {"dloss", &dloss}});
   check_target_range(name, target, logits.size(1), ignore_index);
 }
 
@@ -280,6 +307,29 @@ void register_cross_entropy(Registry& reg) {
                                     &cross_entropy_backward_cpu,
                                     "Highway + OpenMP; p = exp(z - lse) from the saved lse, one "
                                     "sweep per row, target entry in f32");
+
+  // The fused op reads the logits once (the floor): fewest bytes are the logits read, dlogits
+  // written, target, dloss, loss and lse.
+  OpEntry& fused = reg.add_op<CrossEntropyWithGrad>();
+  fused.outputs = [](const ArgList& a) {
+    const TensorView& x = a.tensor("logits");
+    return std::vector<OutputSpec>{
+        {"loss", loss_shape(reduction_of(a.str("reduction")), x, false), loss_dtype(x.dtype)},
+        {"lse", Shape{x.size(0)}, loss_dtype(x.dtype)},
+        {"dlogits", x.shape_of(), x.dtype}};
+  };
+  fused.cost = [](const ArgList& a) {
+    const TensorView& x = a.tensor("logits");
+    const double lse_bytes = double(x.size(0)) * double(dtype_size(loss_dtype(x.dtype)));
+    return Cost{2 * bytes_of(x) + bytes_of(a.tensor("target")) + bytes_of(a.tensor("dloss")) +
+                    2 * lse_bytes,
+                (kCeFlops + kCeBackwardFlops) * double(x.numel())};
+  };
+  fused.cases = cross_entropy_with_grad_cases;
+  add_kernels<CrossEntropyWithGrad>(reg, &cross_entropy_with_grad_reference,
+                                    &cross_entropy_with_grad_cpu,
+                                    "Highway + OpenMP; per row the forward's online max/sum, then "
+                                    "the gradient sweep while the row is still in cache");
 }
 
 // kl_div, jsd and tvd: forward reads both inputs and writes the loss; backward reads the inputs

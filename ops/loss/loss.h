@@ -1,7 +1,10 @@
-// Loss family: cross_entropy, kl_div, jsd, tvd and their backward ops.
+// Loss family: cross_entropy, kl_div, jsd, tvd and their backward ops, and
+// cross_entropy_with_grad (cross_entropy and its backward in one pass).
 //
 // Greppable chain: op `cross_entropy` -> cross_entropy_reference (reference.cpp),
-// cross_entropy_cpu (cpu.cpp). Checks, shapes and costs in loss.cpp, cases in cases.cpp.
+// cross_entropy_cpu (cpu.cpp), cross_entropy_cuda* (cuda.cu); `cross_entropy_with_grad` ->
+// cross_entropy_with_grad_cuda* (cuda_fused.cu). Checks, shapes and costs in loss.cpp, cases in
+// cases.cpp.
 // Inputs are [N, V] (tokens x vocabulary) with Note [row layout] (ops/norm/norm.h) rows; ids and
 // labels are int64 [N].
 //
@@ -76,6 +79,40 @@ struct CrossEntropyBackward {
                     const TensorView& target, const TensorView& lse, int64_t ignore_index,
                     double label_smoothing, double lse_square_scale, double softcap,
                     std::string_view reduction);
+};
+
+struct CrossEntropyWithGrad {
+  static constexpr const char* name = "cross_entropy_with_grad";
+  using Signature = void(const TensorView& loss, const TensorView& lse, const TensorView& dlogits,
+                         const TensorView& logits, const TensorView& target, const TensorView& dloss,
+                         int64_t ignore_index, double label_smoothing, double lse_square_scale,
+                         double softcap, std::string_view reduction);
+  static constexpr ArgSpec args[] = {{"loss", ArgRole::out},
+                                     {"lse", ArgRole::out},
+                                     {"dlogits", ArgRole::out},
+                                     {"logits", ArgRole::in},
+                                     {"target", ArgRole::in},
+                                     {"dloss", ArgRole::in},
+                                     {"ignore_index", ArgRole::scalar, "-100"},
+                                     {"label_smoothing", ArgRole::scalar, "0"},
+                                     {"lse_square_scale", ArgRole::scalar, "0"},
+                                     {"softcap", ArgRole::scalar, "0"},
+                                     {"reduction", ArgRole::scalar, "mean"}};
+  static constexpr const char* doc =
+      "cross_entropy and its backward in one call, Liger's fused form (the gradient is computed "
+      "inside the forward, so the logits are read once for both): loss and lse are "
+      "cross_entropy(logits, target, ...)'s, and dlogits (logits' dtype and shape) is "
+      "cross_entropy_backward(dloss, logits, target, lse, ...)'s, with the same options and "
+      "math. dloss is the upstream gradient of the loss, given up front: the loss's shape ([N] "
+      "for none, [1] for sum and mean), any floating dtype, read on the device (no host "
+      "synchronization); mean divides it by the rows not ignored. No backward op: dlogits is "
+      "the gradient. Differs from Liger: dlogits is a separate output (Liger overwrites the "
+      "logits in place), the upstream gradient is an input rather than a scale applied to the "
+      "saved gradient in the backward, lse is returned, and softcap 0 means no softcap.";
+  static void check(const TensorView& loss, const TensorView& lse, const TensorView& dlogits,
+                    const TensorView& logits, const TensorView& target, const TensorView& dloss,
+                    int64_t ignore_index, double label_smoothing, double lse_square_scale,
+                    double softcap, std::string_view reduction);
 };
 
 struct KlDiv {
@@ -211,6 +248,12 @@ void cross_entropy_backward_reference(const Context&, const TensorView& dlogits,
                                       int64_t ignore_index, double label_smoothing,
                                       double lse_square_scale, double softcap,
                                       std::string_view reduction);
+void cross_entropy_with_grad_reference(const Context&, const TensorView& loss,
+                                       const TensorView& lse, const TensorView& dlogits,
+                                       const TensorView& logits, const TensorView& target,
+                                       const TensorView& dloss, int64_t ignore_index,
+                                       double label_smoothing, double lse_square_scale,
+                                       double softcap, std::string_view reduction);
 void kl_div_reference(const Context&, const TensorView& loss, const TensorView& y_pred,
                       const TensorView& y_true, bool log_target, std::string_view reduction,
                       double eps);

@@ -1,6 +1,6 @@
-// CUDA kernels of the loss family (cross_entropy: ops/loss/cuda.cu; kl_div, jsd, tvd:
-// ops/loss/cuda_divergence.cu), declared for registration
-// and for tests that call them directly. Two kernels per op:
+// CUDA kernels of the loss family (cross_entropy: ops/loss/cuda.cu; cross_entropy_with_grad:
+// ops/loss/cuda_fused.cu; kl_div, jsd, tvd: ops/loss/cuda_divergence.cu), declared for registration
+// and for tests that call them directly. Two kernels per op (cross_entropy_with_grad: three, below):
 //   <op>_cuda        any layout the op's check accepts (scalar loads); predicate: dtypes only
 //   <op>_cuda_vec16  16-byte packs; predicate: alignment, V and row strides multiples of the pack
 #pragma once
@@ -45,6 +45,85 @@ const char* cross_entropy_backward_cuda_vec16_applicable(const TensorView& dlogi
                                                          const TensorView& lse, int64_t ignore_index,
                                                          double label_smoothing, double lse_square_scale,
                                                          double softcap, std::string_view reduction);
+
+// cross_entropy_with_grad (ops/loss/cuda_fused.cu), three kernels:
+//   _cuda_cluster_vec16  one read of each row: a thread-block cluster holds the row in shared
+//                        memory (Note [ce with grad clusters]); 16-byte packs
+//   _cuda_cluster        the same with single elements (any layout the check accepts)
+//   _cuda                cross_entropy's then cross_entropy_backward's kernels (two reads of the
+//                        logits): any row length, no cluster needed
+void cross_entropy_with_grad_cuda(const Context&, const TensorView& loss, const TensorView& lse,
+                                  const TensorView& dlogits, const TensorView& logits, const TensorView& target,
+                                  const TensorView& dloss, int64_t ignore_index, double label_smoothing,
+                                  double lse_square_scale, double softcap, std::string_view reduction);
+void cross_entropy_with_grad_cuda_cluster(const Context&, const TensorView& loss, const TensorView& lse,
+                                          const TensorView& dlogits, const TensorView& logits,
+                                          const TensorView& target, const TensorView& dloss, int64_t ignore_index,
+                                          double label_smoothing, double lse_square_scale, double softcap,
+                                          std::string_view reduction);
+void cross_entropy_with_grad_cuda_cluster_vec16(const Context&, const TensorView& loss, const TensorView& lse,
+                                                const TensorView& dlogits, const TensorView& logits,
+                                                const TensorView& target, const TensorView& dloss,
+                                                int64_t ignore_index, double label_smoothing,
+                                                double lse_square_scale, double softcap,
+                                                std::string_view reduction);
+const char* cross_entropy_with_grad_cuda_applicable(const TensorView& loss, const TensorView& lse,
+                                                    const TensorView& dlogits, const TensorView& logits,
+                                                    const TensorView& target, const TensorView& dloss,
+                                                    int64_t ignore_index, double label_smoothing,
+                                                    double lse_square_scale, double softcap,
+                                                    std::string_view reduction);
+const char* cross_entropy_with_grad_cuda_cluster_applicable(const TensorView& loss, const TensorView& lse,
+                                                            const TensorView& dlogits, const TensorView& logits,
+                                                            const TensorView& target, const TensorView& dloss,
+                                                            int64_t ignore_index, double label_smoothing,
+                                                            double lse_square_scale, double softcap,
+                                                            std::string_view reduction);
+const char* cross_entropy_with_grad_cuda_cluster_vec16_applicable(
+    const TensorView& loss, const TensorView& lse, const TensorView& dlogits, const TensorView& logits,
+    const TensorView& target, const TensorView& dloss, int64_t ignore_index, double label_smoothing,
+    double lse_square_scale, double softcap, std::string_view reduction);
+
+// Note [ce with grad clusters]: how cross_entropy_with_grad's cluster kernels cut a row of `vocab`
+// elements of `itemsize` bytes, read `unit` elements at a time (8 or 4 for 16-byte packs, 1 for
+// single elements), over the CTAs of a cluster (plain host arithmetic, so tests run it without a
+// GPU). The row must sit in the cluster's shared memory: `cluster` CTAs (1, 2, 4 or 8: 8 is the
+// portable maximum) of `slice` elements each, a multiple of `unit`. The smallest cluster whose
+// slice fits `target_bytes` (what leaves room for three CTAs per SM: their phases, copy in,
+// reduce, write out, then overlap) wins; else the smallest whose slice fits `optin_bytes` (a CTA's
+// most dynamic shared memory); else none (cluster 0, `why` says so). `forced` (1, 2, 4 or 8; 0
+// for none; OPFORGE_CE_GRAD_CLUSTER in the kernels) takes that cluster size when its slice fits
+// `optin_bytes`, as a tuning override. compute capability < 9.0 has no clusters: cluster 0.
+struct CeGradClusterPlan {
+  int cluster = 0;           // CTAs per row; 0: no cluster kernel for this row
+  int64_t slice = 0;         // elements of the row per CTA
+  int64_t smem_bytes = 0;    // dynamic shared memory per CTA
+  const char* why = nullptr;  // when cluster == 0
+};
+inline CeGradClusterPlan ce_grad_cluster_plan(int64_t vocab, int64_t itemsize, int64_t unit, int cc_major,
+                                              int64_t optin_bytes, int64_t target_bytes, int forced = 0) {
+  CeGradClusterPlan plan;
+  if (cc_major < 9) {
+    plan.why = "compute capability below 9.0: no thread-block clusters";
+    return plan;
+  }
+  const int64_t units = (vocab + unit - 1) / unit;
+  auto slice_of = [&](int c) { return (units + c - 1) / c * unit; };
+  auto take = [&](int c) {
+    plan.cluster = c;
+    plan.slice = slice_of(c);
+    plan.smem_bytes = (plan.slice * itemsize + 15) / 16 * 16;
+    return plan;
+  };
+  if (forced == 1 || forced == 2 || forced == 4 || forced == 8)
+    if (slice_of(forced) * itemsize <= optin_bytes) return take(forced);
+  for (int c = 1; c <= 8; c *= 2)
+    if (slice_of(c) * itemsize <= target_bytes) return take(c);
+  for (int c = 1; c <= 8; c *= 2)
+    if (slice_of(c) * itemsize <= optin_bytes) return take(c);
+  plan.why = "a row does not fit in the shared memory of a cluster of 8 CTAs";
+  return plan;
+}
 
 // kl_div, jsd, tvd and their backward ops (ops/loss/cuda_divergence.cu), same two kernels per op.
 void kl_div_cuda(const Context&, const TensorView& loss, const TensorView& y_pred, const TensorView& y_true,
@@ -122,8 +201,10 @@ const char* tvd_backward_cuda_vec16_applicable(const TensorView& dp, const Tenso
                                                std::string_view reduction, int64_t ignore_index);
 
 // Registers the kernels above (called from src/registry/register_all.cpp in CUDA builds);
-// register_loss_cuda calls register_divergence_cuda (ops/loss/cuda_divergence.cu).
+// register_loss_cuda calls register_divergence_cuda (ops/loss/cuda_divergence.cu) and
+// register_ce_with_grad_cuda (ops/loss/cuda_fused.cu).
 void register_loss_cuda(Registry& reg);
 void register_divergence_cuda(Registry& reg);
+void register_ce_with_grad_cuda(Registry& reg);
 
 }  // namespace opforge

@@ -103,6 +103,19 @@ void cross_entropy_backward_reference(const Context&, const TensorView& dlogits,
   }
 }
 
+// cross_entropy then cross_entropy_backward from the lse just written: the fused op's definition.
+void cross_entropy_with_grad_reference(const Context& ctx, const TensorView& loss,
+                                       const TensorView& lse, const TensorView& dlogits,
+                                       const TensorView& logits, const TensorView& target,
+                                       const TensorView& dloss, int64_t ignore_index,
+                                       double label_smoothing, double lse_square_scale,
+                                       double softcap, std::string_view reduction) {
+  cross_entropy_reference(ctx, loss, lse, logits, target, ignore_index, label_smoothing,
+                          lse_square_scale, softcap, reduction);
+  cross_entropy_backward_reference(ctx, dlogits, dloss, logits, target, lse, ignore_index,
+                                   label_smoothing, lse_square_scale, softcap, reduction);
+}
+
 void kl_div_reference(const Context&, const TensorView& loss, const TensorView& y_pred,
                       const TensorView& y_true, bool log_target, std::string_view reduction,
                       double eps) {

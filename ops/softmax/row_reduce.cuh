@@ -62,15 +62,34 @@ template <class T> __device__ __forceinline__ float exp_of(float x) {
   else return __expf(x);
 }
 
-template <class T, int W> __device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
+// exp(x - shift) with shift2 = shift * log2(e) given, for data of type T. f32: expf(x - shift) as
+// exp_of. f16 / bf16: ex2.approx of one FFMA, x log2(e) - shift2, which is what __expf(x - shift)
+// computes with one instruction more (a subtraction, then the multiply); folding the subtraction
+// changes the result by about |shift| 2^-24 relative, far under the 2^-8 / 2^-11 spacing it is
+// rounded to. For kernels close to issue-bound (cross_entropy_with_grad, ops/loss/cuda_fused.cu).
+constexpr float kLog2e = 1.4426950408889634f;
+template <class T> __device__ __forceinline__ float exp_shifted(float x, float shift, float shift2) {
+  if constexpr (std::is_same_v<T, float>) {
+    return expf(x - shift);
+  } else {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, kLog2e, -shift2)));
+    return y;
+  }
+}
+
+// One unit's values into the online statistics. kFolded: exp_shifted instead of exp_of.
+template <class T, int W, bool kFolded = false>
+__device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
   float um = v[0];
 #pragma unroll
   for (int j = 1; j < W; ++j) um = fmaxf(um, v[j]);
   const float m = fmaxf(st.m, um);
   if (m == -INFINITY) return st;
   float s = st.m == m ? st.s : st.s * expf(st.m - m);
+  const float m2 = m * kLog2e;
 #pragma unroll
-  for (int j = 0; j < W; ++j) s += exp_of<T>(v[j] - m);
+  for (int j = 0; j < W; ++j) s += kFolded ? exp_shifted<T>(v[j], m, m2) : exp_of<T>(v[j] - m);
   return {m, s};
 }
 

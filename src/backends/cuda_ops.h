@@ -17,7 +17,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "mul_and_silu",     "mul_and_silu_backward",      "fatrelu_and_mul",    "fatrelu_and_mul_backward",
     "embedding",        "embedding_backward",         "attention_decode",   "attention_prefill",
     "softmax",          "softmax_backward",           "log_softmax",        "log_softmax_backward",
-    "cross_entropy",    "cross_entropy_backward",
+    "cross_entropy",    "cross_entropy_backward",     "cross_entropy_with_grad",
     "layer_norm",       "layer_norm_backward",
     "gelu_new",         "gelu_new_backward",          "gelu_fast",          "gelu_fast_backward",
     "quick_gelu",       "quick_gelu_backward",        "relu2",              "relu2_backward",

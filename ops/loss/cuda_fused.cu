@@ -1,0 +1,498 @@
+// CUDA kernels of cross_entropy_with_grad: cross_entropy and its backward in one call (math: the
+// ops' docs, ops/loss/loss.h).
+//
+// Technique. Separately, cross_entropy reads the [N, V] logits once and cross_entropy_backward
+// reads them again and writes dlogits: three passes over N x V elements. The fused op needs two,
+// one read and one write, which is the floor: 4.2 GB at 8,192 x 128,256 bf16, about 1.0 ms at an
+// H200's 4.25 TB/s copy rate (the two ops took 0.593 + 1.689 ms there).
+//  - Note [ce with grad clusters] (the plan: ops/loss/loss_cuda.h). A row is too long for one
+//    CTA's shared memory (a 128,256-entry bf16 row is 256 KB; a CTA gets at most 227 KB), so a
+//    thread-block cluster of `cluster` CTAs (sm_90) holds it: each CTA copies its slice of the row
+//    from HBM into its shared memory (16-byte cp.async, every copy of the slice in flight at once:
+//    no registers held, no loop of dependent loads), takes the slice's (max, sum of exp(z - max),
+//    sum z) from shared memory, and leaves them in shared memory. After cluster.sync() thread 0 of
+//    every CTA reads the cluster's partials through distributed shared memory in rank order and
+//    merges them (every CTA gets the same bits), so every CTA knows the row's lse; the CTA of rank
+//    0 writes lse and the row's loss. Then every CTA writes its slice's dlogits from its shared
+//    copy: HBM sees one read of the logits and one write of dlogits. The cluster size is the
+//    smallest that leaves three CTAs on an SM (a slice of at most a third of the SM's shared
+//    memory: at 128,256 bf16, 4 CTAs of 62.6 KB; f32, 8 of 62.6 KB), so one CTA's copy-in overlaps
+//    another's arithmetic and a third's stores. OPFORGE_CE_GRAD_CLUSTER=1|2|4|8 forces a size.
+//  - A CTA's threads own fixed units of the slice (unit u of thread t: u = t + k * 256) for the
+//    copy, the statistics and the gradient, so each thread reads back only what it copied itself:
+//    cp.async.wait_all orders that, and no block barrier is needed before the statistics.
+//  - Reductions in a fixed order (warp butterflies, warps in order: ops/softmax/row_reduce.cuh,
+//    then the cluster's ranks in order): deterministic for a given cluster size. f32 statistics,
+//    exp per Note [element exp], accurate logf / tanhf, 64-bit offsets (row * row_stride).
+//  - The gradient is cross_entropy_backward's: dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j ==
+//    target]) times the softcap's derivative, the target entry computed in f32 like every other
+//    (from the unrounded lse, which the separate ops read back as f32: the same value).
+//  - Upstream gradient on the device: g = dloss[row] (none), dloss[0] (sum), dloss[0] / kept rows
+//    (mean: a one-block launch counts the kept rows into the workspace first, as
+//    cross_entropy_backward does). sum / mean: the per-row losses go to the workspace and Note
+//    [loss row reduction] adds them in one more launch. No host synchronization anywhere.
+//  - cuda_cluster_vec16 (priority 300): 16-byte packs, needs aligned bases, V and row strides
+//    multiples of the pack for logits and dlogits; cuda_cluster (200): single elements (plain
+//    loads staged through registers, four in flight a thread), any layout; cuda (100):
+//    cross_entropy's and cross_entropy_backward's kernels one after the other, for rows longer
+//    than a cluster's shared memory (over 1.8 MB) or devices without clusters. The cluster
+//    kernels' predicates name what rules them out (compute capability < 9.0, the row's length);
+//    a device that cannot co-schedule the cluster (cudaOccupancyMaxActiveClusters = 0, e.g. a
+//    small MIG slice) runs the two-kernel path from inside the cluster impl.
+// Like cross_entropy's kernels, a target outside [0, V) other than ignore_index cannot be reported
+// without a host synchronization: that row's loss and gradient are NaN.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <tuple>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/loss/loss_cuda.cuh"
+#include "ops/loss/loss_cuda.h"
+#include "ops/softmax/row_reduce.cuh"
+
+namespace opforge {
+namespace cuda::loss {
+namespace {
+
+namespace cg = cooperative_groups;
+using namespace cuda::rows;  // NOLINT: UnitOf, Stats, add_unit, exp_shifted, merge, row_stats, row_sum
+
+constexpr int kThreads = 256;    // threads of a CTA
+constexpr int kMaxCluster = 8;   // the portable cluster size limit
+constexpr int kStageBatch = 4;   // single-element staging: loads in flight a thread
+
+enum class Red { none, sum, mean };
+Red red_of(std::string_view r) { return r == "none" ? Red::none : r == "sum" ? Red::sum : Red::mean; }
+
+__device__ __forceinline__ float cap(float x, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
+}
+
+template <class T> struct FusedArgs {
+  const T* logits;
+  int64_t logits_stride;
+  T* dlogits;
+  int64_t dlogits_stride;
+  int64_t rows, vocab;
+  const int64_t* target;
+  int64_t target_stride;
+  const void* dloss;
+  DType dloss_dtype;
+  int64_t dloss_stride;  // 0 for sum / mean (one element)
+  const float* kept;     // mean: the count of kept rows (workspace); else null
+  float* loss;           // [rows] (none) or the workspace (sum / mean)
+  int64_t loss_stride;
+  float* lse;
+  int64_t lse_stride;
+  int64_t ignore_index;
+  float smoothing, z_scale, softcap;
+};
+
+// The row statistics a CTA leaves for its cluster.
+struct Partial {
+  float m, s, sum_z;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+// Commits this thread's copies and waits for them (the memory clobber keeps the shared-memory
+// reads after it).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// The two halves of a cluster barrier: arrive once this CTA has read the others' shared memory,
+// wait before leaving (a CTA's shared memory must outlive the other CTAs' reads of it).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+// One unit (a pack or an element) of logits into the statistics: softcap, sum z, online max/sum.
+// kPlain: no softcap and no label smoothing (then neither is looked at).
+template <class T, bool kVec, bool kPlain>
+__device__ __forceinline__ void consume(const typename UnitOf<T, kVec>::Raw& raw, float softcap, Stats& st,
+                                        float& sum_z) {
+  typename UnitOf<T, kVec>::Floats z = UnitOf<T, kVec>::widen(raw);
+  if constexpr (!kPlain) {
+#pragma unroll
+    for (int j = 0; j < UnitOf<T, kVec>::width; ++j) {
+      z.v[j] = cap(z.v[j], softcap);
+      sum_z += z.v[j];
+    }
+  }
+  st = add_unit<T, UnitOf<T, kVec>::width, true>(st, z.v);
+}
+
+// Copies this thread's units of the slice (n units from `src`) into shared memory `dst` and
+// accumulates their statistics. Packs: cp.async, all in flight, then read back from shared memory.
+// Elements: plain loads, kStageBatch in flight, stored to shared memory and consumed from registers.
+template <class T, bool kVec, bool kPlain>
+__device__ __forceinline__ void stage_slice(const T* src, T* dst, int64_t n, float softcap, Stats& st,
+                                            float& sum_z) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  const int64_t tid = threadIdx.x;
+  if constexpr (kVec) {
+    for (int64_t u = tid; u < n; u += kThreads) cp_async16(dst + u * W, src + u * W);
+    cp_async_wait_all();
+    for (int64_t u = tid; u < n; u += kThreads) consume<T, kVec, kPlain>(U::load(dst + u * W), softcap, st, sum_z);
+  } else {
+    int64_t u = tid;
+    for (; u + (kStageBatch - 1) * kThreads < n; u += kStageBatch * kThreads) {
+      T raw[kStageBatch];
+#pragma unroll
+      for (int k = 0; k < kStageBatch; ++k) raw[k] = src[u + k * kThreads];
+#pragma unroll
+      for (int k = 0; k < kStageBatch; ++k) {
+        dst[u + k * kThreads] = raw[k];
+        consume<T, kVec, kPlain>(raw[k], softcap, st, sum_z);
+      }
+    }
+    for (; u < n; u += kThreads) {
+      const T raw = src[u];
+      dst[u] = raw;
+      consume<T, kVec, kPlain>(raw, softcap, st, sum_z);
+    }
+  }
+}
+
+// dz of one element: g ((1 + 2 s lse) p - eps - (1 - ls) [target]) = gs p + gb (gb folds in the
+// target's term for the target entry), times the softcap's derivative 1 - (z / c)^2.
+template <class T, bool kPlain>
+__device__ __forceinline__ float grad_of(float x, float lse, float lse2, float gs, float gb, float softcap,
+                                         float inv_softcap) {
+  const float z = kPlain ? x : cap(x, softcap);
+  float dz = fmaf(gs, exp_shifted<T>(z, lse, lse2), gb);
+  if (!kPlain && softcap > 0.0f) {
+    const float r = z * inv_softcap;
+    dz *= 1.0f - r * r;
+  }
+  return dz;
+}
+
+// One CTA of a row's cluster (Note [ce with grad clusters]): a cluster per row (grid x: clusters of
+// consecutive CTAs, grid y beyond 2^31 CTAs), CTA rank r owning units [r * slice_units, (r + 1) *
+// slice_units) of the row. kPlain: softcap 0 and label_smoothing 0 (the training default), which
+// leaves out the softcap's branches and the sum of z.
+template <class T, bool kVec, bool kPlain>
+__global__ void __launch_bounds__(kThreads, 3) with_grad_cluster_kernel(FusedArgs<T> p, int64_t slice_units) {
+  using U = UnitOf<T, kVec>;
+  constexpr int W = U::width;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ Stats stats_scratch[kThreads / 32];
+  __shared__ float sum_scratch[kThreads / 32];
+  __shared__ Partial partial;  // this CTA's statistics, read by every CTA of the cluster
+  __shared__ float row_lse;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
+  const int64_t row = int64_t(blockIdx.y) * (gridDim.x / ranks) + blockIdx.x / ranks;
+  if (row >= p.rows) return;  // the whole cluster: its CTAs share the row
+  const float softcap = kPlain ? 0.0f : p.softcap, smoothing = kPlain ? 0.0f : p.smoothing;
+  const int64_t units = p.vocab / W;
+  const int64_t begin = int64_t(rank) * slice_units;
+  const int64_t n = max(int64_t(0), min(units, begin + slice_units) - begin);
+  const T* x = p.logits + row * p.logits_stride;
+  T* slice = reinterpret_cast<T*>(smem_raw);
+
+  // The row's scalars first: their latency overlaps the copies. A target out of range makes g
+  // NaN, so the whole row's gradient is NaN.
+  const int64_t t = p.target[row * p.target_stride];
+  const bool ignored = t == p.ignore_index, bad = !ignored && (t < 0 || t >= p.vocab);
+  const bool writer = rank == 0 && threadIdx.x == 0;  // writes the row's lse and loss
+  float zt = 0.0f, g = 0.0f;
+  if (writer && !ignored) zt = bad ? NAN : cap(to_f32(x[t]), softcap);
+  if (!ignored) {
+    g = load_float(p.dloss, p.dloss_dtype, row * p.dloss_stride);
+    if (p.kept) g /= *p.kept;
+    if (bad) g = NAN;
+  }
+
+  Stats st{-INFINITY, 0.0f};
+  float sum_z = 0.0f;
+  stage_slice<T, kVec, kPlain>(x + begin * W, slice, n, softcap, st, sum_z);
+  st = row_stats(st, kThreads, stats_scratch);
+  if (smoothing > 0.0f) sum_z = row_sum(sum_z, kThreads, sum_scratch);
+  if (threadIdx.x == 0) partial = Partial{st.m, st.s, sum_z};
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    Partial all[kMaxCluster];
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r)  // every remote load issued before the first is used
+      if (r < int(ranks)) all[r] = *cluster.map_shared_rank(&partial, unsigned(r));
+    Stats total{-INFINITY, 0.0f};
+    float total_z = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r)
+      if (r < int(ranks)) {
+        total = merge(total, Stats{all[r].m, all[r].s});
+        total_z += all[r].sum_z;
+      }
+    const float lse = total.m + logf(total.s);
+    row_lse = lse;
+    if (writer) {
+      p.lse[row * p.lse_stride] = lse;
+      float loss = 0.0f;
+      if (!ignored) {
+        const float eps = smoothing / float(p.vocab);
+        loss = (1.0f - smoothing) * (lse - zt) + smoothing * lse - eps * total_z + p.z_scale * lse * lse;
+      }
+      p.loss[row * p.loss_stride] = loss;
+    }
+  }
+  cluster_arrive();  // this CTA is done with the other CTAs' shared memory
+  __syncthreads();   // row_lse
+  const float lse = row_lse, lse2 = lse * kLog2e;
+
+  T* out = p.dlogits + row * p.dlogits_stride + begin * W;
+  typename U::Floats d;
+  if (ignored) {
+#pragma unroll
+    for (int j = 0; j < W; ++j) d.v[j] = 0.0f;
+    for (int64_t u = threadIdx.x; u < n; u += kThreads) U::store(out + u * W, d);
+  } else {
+    const float eps = smoothing / float(p.vocab), gs = g * (1.0f + 2.0f * p.z_scale * lse);
+    const float gb = -g * eps, gb_target = -g * (eps + (1.0f - smoothing));
+    const float inv_softcap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    // The target's unit and lane within this slice (unit -1: another CTA's).
+    const int64_t t_local = t - begin * W;
+    const int64_t t_unit = t_local >= 0 && t_local < n * W ? t_local / W : -1;
+    const int t_lane = int(t_local - t_unit * W);
+    for (int64_t u = threadIdx.x; u < n; u += kThreads) {
+      const typename U::Floats xs = U::widen(U::load(slice + u * W));
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = grad_of<T, kPlain>(xs.v[j], lse, lse2, gs, gb, softcap, inv_softcap);
+      if (u == t_unit) {  // once a row: the target entry, in f32 like every other
+#pragma unroll
+        for (int j = 0; j < W; ++j)
+          if (j == t_lane) d.v[j] = grad_of<T, kPlain>(xs.v[j], lse, lse2, gs, gb_target, softcap, inv_softcap);
+      }
+      U::store(out + u * W, d);
+    }
+  }
+  cluster_wait();  // no CTA leaves while another may still read its `partial`
+}
+
+// A launch of kThreads-thread CTAs in clusters of plan.cluster with plan.smem_bytes each.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t config{};
+  ClusterLaunch(const CeGradClusterPlan& plan, dim3 grid, cudaStream_t stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(plan.cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.gridDim = grid;
+    config.blockDim = dim3(unsigned(kThreads));
+    config.dynamicSmemBytes = size_t(plan.smem_bytes);
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // config points into attr
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Whether `kernel` can run clusters of plan.cluster CTAs with plan.smem_bytes each on the device
+// (cudaOccupancyMaxActiveClusters > 0), asked once per (device, kernel, cluster, bytes). The first
+// question per (device, kernel) also raises its dynamic shared memory limit to `budget_bytes`
+// (smem_budget, which bounds every plan), so every later launch of it may use any plan's bytes, and
+// asks for the largest shared memory carveout.
+bool cluster_fits(int device, const void* kernel, const CeGradClusterPlan& plan, int64_t budget_bytes) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, int64_t>, bool> known;
+  static std::map<std::pair<int, const void*>, bool> raised;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device, kernel, plan.cluster, plan.smem_bytes);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  if (!raised[{device, kernel}]) {
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(budget_bytes)));
+    // All of L1 as shared memory (the copies bypass L1): three CTAs of ~64 KB need ~195 KB of it.
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            int(cudaSharedmemCarveoutMaxShared)));
+    raised[{device, kernel}] = true;
+  }
+  ClusterLaunch launch(plan, dim3(unsigned(plan.cluster)), nullptr);
+  int clusters = 0;
+  const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
+  if (status != cudaSuccess) cudaGetLastError();  // a refusal means "does not fit", not an error
+  return known[key] = status == cudaSuccess && clusters > 0;
+}
+
+int forced_cluster() {
+  static const int forced = env_choice("OPFORGE_CE_GRAD_CLUSTER", 1, kMaxCluster);
+  return forced;
+}
+
+// A CTA's dynamic shared memory at most: the opt-in limit less a margin for the kernel's static
+// arrays (dynamic + static may not exceed the limit).
+constexpr int64_t kSmemMargin = 2048;
+int64_t smem_budget(const CudaDeviceProps& props) { return props.shared_per_block_optin - kSmemMargin; }
+
+// The plan for a call: three CTAs an SM when the slices allow (a third of the SM's shared memory
+// less the 1 KiB the system keeps per CTA and the kernel's static arrays), at most smem_budget.
+CeGradClusterPlan plan_for(const TensorView& logits, bool vec) {
+  const CudaDeviceProps& props = cuda_device_props(logits.device.index);
+  const int64_t unit = vec ? 16 / logits.itemsize() : 1;
+  return ce_grad_cluster_plan(logits.size(1), logits.itemsize(), unit, props.cc_major, smem_budget(props),
+                              props.shared_per_sm / 3 - kSmemMargin, forced_cluster());
+}
+
+// cross_entropy then cross_entropy_backward (their vec16 kernels when the layouts allow), reading
+// the lse just written: the `cuda` impl, and the cluster impls' way out on a device that cannot
+// co-schedule the cluster.
+void two_passes(const Context& ctx, const TensorView& loss, const TensorView& lse, const TensorView& dlogits,
+                const TensorView& logits, const TensorView& target, const TensorView& dloss, int64_t ignore_index,
+                double label_smoothing, double lse_square_scale, double softcap, std::string_view reduction) {
+  const bool vec_fwd = cuda::pack_rows_problem(logits, logits.size(1)) == nullptr;
+  const bool vec_bwd = vec_fwd && cuda::pack_rows_problem(dlogits, dlogits.size(1)) == nullptr;
+  (vec_fwd ? cross_entropy_cuda_vec16 : cross_entropy_cuda)(ctx, loss, lse, logits, target, ignore_index,
+                                                            label_smoothing, lse_square_scale, softcap, reduction);
+  (vec_bwd ? cross_entropy_backward_cuda_vec16 : cross_entropy_backward_cuda)(
+      ctx, dlogits, dloss, logits, target, lse, ignore_index, label_smoothing, lse_square_scale, softcap, reduction);
+}
+
+template <bool kVec>
+void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse, const TensorView& dlogits,
+               const TensorView& logits, const TensorView& target, const TensorView& dloss, int64_t ignore_index,
+               double label_smoothing, double lse_square_scale, double softcap, std::string_view reduction) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  auto fallback = [&] {
+    two_passes(ctx, loss, lse, dlogits, logits, target, dloss, ignore_index, label_smoothing, lse_square_scale,
+               softcap, reduction);
+  };
+  if (rows == 0 || vocab == 0) return fallback();  // nothing to read: the two kernels' edge handling
+  DeviceGuard guard(ctx.device.index);
+  const CeGradClusterPlan plan = plan_for(logits, kVec);
+  if (plan.cluster == 0) return fallback();  // the predicate has said why; reached only by direct calls
+  const Red red = red_of(reduction);
+  const int64_t budget = smem_budget(cuda_device_props(ctx.device.index));
+  dispatch_float(logits.dtype, "cross_entropy_with_grad", [&](auto tag) {
+    using T = decltype(tag);
+    const bool plain = softcap == 0.0 && label_smoothing == 0.0;
+    void (*kernel)(FusedArgs<T>, int64_t) =
+        plain ? &with_grad_cluster_kernel<T, kVec, true> : &with_grad_cluster_kernel<T, kVec, false>;
+    if (!cluster_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan, budget)) return fallback();
+    cudaStream_t stream = stream_of(ctx);
+    // Workspace: the kept-row count (mean), then the per-row losses (sum / mean).
+    const int64_t count_bytes = red == Red::mean ? 16 : 0;
+    const int64_t loss_bytes = red == Red::none ? 0 : rows * int64_t(sizeof(float));
+    char* ws = count_bytes + loss_bytes > 0 ? static_cast<char*>(cuda_workspace(ctx, count_bytes + loss_bytes)) : nullptr;
+    float* kept = red == Red::mean ? reinterpret_cast<float*>(ws) : nullptr;
+    float* per_row = red == Red::none ? loss.ptr<float>() : reinterpret_cast<float*>(ws + count_bytes);
+    if (kept) {
+      RowReduce r;
+      r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
+      r.ignore_index = ignore_index, r.divide = true, r.count_only = true, r.out = kept;
+      launch_row_reduce(stream, r, "cross_entropy_with_grad count launch");
+    }
+    FusedArgs<T> p{};
+    p.logits = logits.ptr<T>(), p.logits_stride = row_stride_of(logits);
+    p.dlogits = dlogits.ptr<T>(), p.dlogits_stride = row_stride_of(dlogits);
+    p.rows = rows, p.vocab = vocab;
+    p.target = target.ptr<int64_t>(), p.target_stride = stride0(target);
+    p.dloss = dloss.data, p.dloss_dtype = dloss.dtype, p.dloss_stride = red == Red::none ? stride0(dloss) : 0;
+    p.kept = kept;
+    p.loss = per_row, p.loss_stride = red == Red::none ? stride0(loss) : 1;
+    p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
+    p.ignore_index = ignore_index;
+    p.smoothing = float(label_smoothing), p.z_scale = float(lse_square_scale), p.softcap = float(softcap);
+    const int64_t slice_units = plan.slice / UnitOf<T, kVec>::width;
+    const int64_t clusters_x = std::min<int64_t>(rows, (int64_t(1) << 31) / kMaxCluster);
+    ClusterLaunch launch(plan, dim3(unsigned(clusters_x * plan.cluster), unsigned((rows + clusters_x - 1) / clusters_x)),
+                         stream);
+    const cudaError_t status = cudaLaunchKernelEx(&launch.config, kernel, p, slice_units);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw_cuda_error("cross_entropy_with_grad cluster kernel launch", status);
+    }
+    if (red != Red::none) {
+      RowReduce r;
+      r.losses = per_row, r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
+      r.ignore_index = ignore_index, r.divide = red == Red::mean, r.out = loss.ptr<float>();
+      launch_row_reduce(stream, r, "cross_entropy_with_grad reduction launch");
+    }
+  });
+}
+
+}  // namespace
+}  // namespace cuda::loss
+
+using namespace cuda::loss;  // NOLINT
+
+void cross_entropy_with_grad_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                                  const TensorView& dlogits, const TensorView& logits, const TensorView& target,
+                                  const TensorView& dloss, int64_t ignore_index, double label_smoothing,
+                                  double lse_square_scale, double softcap, std::string_view reduction) {
+  two_passes(ctx, loss, lse, dlogits, logits, target, dloss, ignore_index, label_smoothing, lse_square_scale,
+             softcap, reduction);
+}
+void cross_entropy_with_grad_cuda_cluster(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                                          const TensorView& dlogits, const TensorView& logits,
+                                          const TensorView& target, const TensorView& dloss, int64_t ignore_index,
+                                          double label_smoothing, double lse_square_scale, double softcap,
+                                          std::string_view reduction) {
+  with_grad<false>(ctx, loss, lse, dlogits, logits, target, dloss, ignore_index, label_smoothing, lse_square_scale,
+                   softcap, reduction);
+}
+void cross_entropy_with_grad_cuda_cluster_vec16(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                                                const TensorView& dlogits, const TensorView& logits,
+                                                const TensorView& target, const TensorView& dloss,
+                                                int64_t ignore_index, double label_smoothing,
+                                                double lse_square_scale, double softcap,
+                                                std::string_view reduction) {
+  with_grad<true>(ctx, loss, lse, dlogits, logits, target, dloss, ignore_index, label_smoothing, lse_square_scale,
+                  softcap, reduction);
+}
+
+const char* cross_entropy_with_grad_cuda_applicable(const TensorView& loss, const TensorView& lse,
+                                                    const TensorView& dlogits, const TensorView& logits,
+                                                    const TensorView& target, const TensorView& dloss, int64_t i,
+                                                    double ls, double z, double c, std::string_view r) {
+  if (const char* why = cross_entropy_cuda_applicable(loss, lse, logits, target, i, ls, z, c, r)) return why;
+  return cross_entropy_backward_cuda_applicable(dlogits, dloss, logits, target, lse, i, ls, z, c, r);
+}
+const char* cross_entropy_with_grad_cuda_cluster_applicable(const TensorView& loss, const TensorView& lse,
+                                                            const TensorView& dlogits, const TensorView& logits,
+                                                            const TensorView& target, const TensorView& dloss,
+                                                            int64_t i, double ls, double z, double c,
+                                                            std::string_view r) {
+  if (const char* why = cross_entropy_with_grad_cuda_applicable(loss, lse, dlogits, logits, target, dloss, i, ls, z,
+                                                                c, r))
+    return why;
+  return plan_for(logits, false).why;
+}
+const char* cross_entropy_with_grad_cuda_cluster_vec16_applicable(
+    const TensorView& loss, const TensorView& lse, const TensorView& dlogits, const TensorView& logits,
+    const TensorView& target, const TensorView& dloss, int64_t i, double ls, double z, double c,
+    std::string_view r) {
+  if (const char* why = cross_entropy_with_grad_cuda_applicable(loss, lse, dlogits, logits, target, dloss, i, ls, z,
+                                                                c, r))
+    return why;
+  if (const char* why = cuda::pack_rows_problem(logits, logits.size(1))) return why;
+  if (const char* why = cuda::pack_rows_problem(dlogits, dlogits.size(1))) return why;
+  return plan_for(logits, true).why;
+}
+
+void register_ce_with_grad_cuda(Registry& reg) {
+  reg.add_kernel<CrossEntropyWithGrad>(
+      cuda_kernel_desc("cuda_cluster_vec16", 300,
+                       "one read of each row: a cluster of CTAs holds it in shared memory (16-byte cp.async), "
+                       "statistics merged through distributed shared memory, dlogits written from the copy",
+                       false),
+      &cross_entropy_with_grad_cuda_cluster_vec16, &cross_entropy_with_grad_cuda_cluster_vec16_applicable);
+  reg.add_kernel<CrossEntropyWithGrad>(
+      cuda_kernel_desc("cuda_cluster", 200,
+                       "any layout: one read of each row into a cluster's shared memory, single elements", false),
+      &cross_entropy_with_grad_cuda_cluster, &cross_entropy_with_grad_cuda_cluster_applicable);
+  reg.add_kernel<CrossEntropyWithGrad>(
+      cuda_kernel_desc("cuda", 100,
+                       "cross_entropy's kernel then cross_entropy_backward's (two reads of the logits): any row "
+                       "length, no clusters",
+                       false),
+      &cross_entropy_with_grad_cuda, &cross_entropy_with_grad_cuda_applicable);
+}
+
+}  // namespace opforge
