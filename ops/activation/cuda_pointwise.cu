@@ -121,8 +121,10 @@ __global__ void __launch_bounds__(256) pointwise_kernel(Args<T> p, F f) {
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (u >= units) return;  // no barriers below
   const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
+  F g = f;  // the sigmoid functors take the intrinsics for 16-bit data (Note [activation math, cuda])
+  if constexpr (requires { g.fast; }) g.fast = sizeof(T) == 2;
   for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step)
-    unit<T, F, L, kVec, kBackward>(p, f, row, u * width);
+    unit<T, F, L, kVec, kBackward>(p, g, row, u * width);
 }
 
 int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }

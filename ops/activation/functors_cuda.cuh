@@ -12,18 +12,22 @@
 // e = expf(-|z|) in (0, 1]: s = 1 / (1 + e) for z >= 0, e / (1 + e) otherwise, with 1 - s taken
 // from the same e (never 1 - s as a difference, which loses its relative accuracy where s is near
 // 1 and derivatives multiply it by terms that grow with a). expf, expm1f: accurate CUDA math (no
-// fast-math intrinsics). Comparisons are written so that NaN propagates as in the reference
-// (std::max(a, 0) and std::min(a, eps) return a NaN a).
+// fast-math intrinsics), except where a functor's `fast` is set: the pointwise kernels set it for
+// f16 / bf16 data (cuda_pointwise.cu), and the sigmoid then takes __expf and __fdividef (relative
+// errors near 2^-21 and 2 ulp, far under the 2^-11 / 2^-8 spacing of the result's dtype; as Note
+// [element exp] in ops/softmax/row_reduce.cuh), which keeps gelu_new / gelu_fast / quick_gelu from
+// being bound by the arithmetic instead of memory. Comparisons are written so that NaN propagates
+// as in the reference (std::max(a, 0) and std::min(a, eps) return a NaN a).
 #pragma once
 
 #include <cuda_runtime.h>
 
 namespace opforge::cuda::act {
 
-// s = sigmoid(z) and sc = 1 - s = sigmoid(-z).
-__device__ __forceinline__ void sigmoid_both(float z, float& s, float& sc) {
-  const float e = expf(-fabsf(z));
-  const float r = 1.0f / (1.0f + e);
+// s = sigmoid(z) and sc = 1 - s = sigmoid(-z). fast: the intrinsics (16-bit data only).
+__device__ __forceinline__ void sigmoid_both(float z, float& s, float& sc, bool fast = false) {
+  const float e = fast ? __expf(-fabsf(z)) : expf(-fabsf(z));
+  const float r = fast ? __fdividef(1.0f, 1.0f + e) : 1.0f / (1.0f + e);
   const float er = e * r;
   const bool negative = z < 0.0f;
   s = negative ? er : r;
@@ -33,15 +37,16 @@ __device__ __forceinline__ void sigmoid_both(float z, float& s, float& sc) {
 // a sigmoid(alpha a): quick_gelu (alpha 1.702), swigluoai_and_mul's gate.
 struct ScaledSilu {
   float alpha = 1.0f;
+  bool fast = false;
   __device__ __forceinline__ float value(float a) const {
     float s, sc;
-    sigmoid_both(alpha * a, s, sc);
+    sigmoid_both(alpha * a, s, sc, fast);
     return a * s;
   }
   // d/da = s + alpha a s (1 - s) = s (1 + alpha a (1 - s))
   __device__ __forceinline__ void value_slope(float a, float& v, float& slope) const {
     float s, sc;
-    sigmoid_both(alpha * a, s, sc);
+    sigmoid_both(alpha * a, s, sc, fast);
     v = a * s;
     slope = s * (1.0f + alpha * a * sc);
   }
@@ -51,19 +56,20 @@ struct ScaledSilu {
 // gelu_fast (c = 0.7978845608).
 struct GeluTanh {
   float c = 0.7978845608028654f;
+  bool fast = false;
   __device__ __forceinline__ float two_u(float a) const {
     return 2.0f * c * a * (1.0f + 0.044715f * a * a);
   }
   __device__ __forceinline__ float value(float a) const {
     float s, sc;
-    sigmoid_both(two_u(a), s, sc);
+    sigmoid_both(two_u(a), s, sc, fast);
     return a * s;
   }
   // d/da = s + a s (1 - s) 2c (1 + 3 * 0.044715 a^2), the reference's
   // 0.5 (1 + t) + 0.5 a (1 - t^2) c (1 + 3 * 0.044715 a^2) with 1 - t^2 = 4 s (1 - s).
   __device__ __forceinline__ void value_slope(float a, float& v, float& slope) const {
     float s, sc;
-    sigmoid_both(two_u(a), s, sc);
+    sigmoid_both(two_u(a), s, sc, fast);
     v = a * s;
     const float du = 2.0f * c * (1.0f + 3.0f * 0.044715f * a * a);
     slope = s + v * sc * du;
