@@ -68,8 +68,20 @@ RowTasks balanced(RowTasks tasks) {
   return tasks;
 }
 
+int64_t stream_bytes() {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("OPFORGE_CPU_STREAM_BYTES");
+    const int64_t n = v != nullptr ? parse_size(v) : 0;
+    return n >= 1 ? n : 0;
+  }();
+  if (forced > 0) return forced;
+  return std::min(cpu_info().l3.bytes, int64_t(std::max(1, max_threads())) * kStreamBytesPerThread);
+}
+
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {
-  if (bytes_moved <= double(cpu_info().l3.bytes)) return false;
+  double out_bytes = 0;
+  for (const TensorView* t : outputs) out_bytes += double(t->rows()) * double(t->row_stride() * t->itemsize());
+  if (bytes_moved <= double(cpu_info().l3.bytes) && out_bytes <= double(stream_bytes())) return false;
   for (const TensorView* t : outputs) {
     if (reinterpret_cast<uintptr_t>(t->data) % 64 != 0) return false;
     if ((t->row_stride() * t->itemsize()) % 64 != 0) return false;

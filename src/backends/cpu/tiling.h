@@ -83,9 +83,19 @@ int64_t min_parallel_bytes();
 // fewer than min_parallel_bytes() per thread.
 bool single_thread_call(double bytes);
 
-// Note [streaming stores]: a kernel writes its outputs by non-temporal stores when the call's
-// bytes do not fit the last-level cache (they would not stay there for the next op anyway) and
-// every output row starts on a 64-byte boundary (so every pair step of every target is aligned).
+// Note [streaming stores]: a kernel writes its outputs by non-temporal stores when they would not
+// stay in cache for the next op anyway: the call moves more bytes than the last-level cache holds,
+// or its outputs alone exceed the part of that cache the process can count on, stream_bytes(): the
+// L3 the machine reports, at most kStreamBytesPerThread for each thread the process runs. Every
+// output row must also start on a 64-byte boundary (so every pair step of every target is
+// aligned). The cap matters on virtual machines, which report the host's whole L3 (480 MiB on the
+// 2-core Xeon VM) while other tenants share it: without it a 16,384 x 4,096 bf16 rms_norm there
+// (256 MB moved) wrote its 128 MB with read-for-ownership, a third more traffic than the streaming
+// memcpy of the copy ceiling. Outputs within the share keep plain stores, so an activation's
+// output at prefill sizes stays in cache for the GEMM after it. OPFORGE_CPU_STREAM_BYTES (bytes,
+// "64M" style) overrides the share.
+inline constexpr int64_t kStreamBytesPerThread = int64_t(16) << 20;
+int64_t stream_bytes();
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs);
 
 }  // namespace opforge::cpu
