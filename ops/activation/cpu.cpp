@@ -23,8 +23,8 @@
 // - f16 loads and stores use the F16C conversion instructions where the target has them (AVX2 and
 //   up; they round to nearest even exactly as Note [rounding]); the bit-twiddled conversion of
 //   backends/cpu/simd-inl.h (~15 instructions a vector each way) serves the other targets.
-// - Note [streaming stores]: when the outputs of a call exceed the part of the last-level cache
-//   the process can count on (cpu::stream_bytes()), they are written with non-temporal stores. A normal store first reads the line it writes (read for
+// - Note [streaming stores]: when the outputs of a call exceed the last-level cache, they are
+//   written with non-temporal stores. A normal store first reads the line it writes (read for
 //   ownership), so a bf16 gated kernel moved 8 bytes per output for the 6 its cost counts and
 //   could reach at most 75% of a copy (which streams). Small calls (decode) keep normal stores,
 //   so their output stays in cache for the next op.
@@ -418,9 +418,14 @@ namespace {
 
 using TileFn = void(const ActRows&, int64_t, int64_t, int64_t, int64_t);
 
-// Note [streaming stores] (src/backends/cpu/tiling.h): stream when the outputs exceed the part of
-// the last-level cache the process can count on.
-bool streams(const TV& out) { return double(bytes_of(out)) > double(cpu::stream_bytes()); }
+// Note [streaming stores]: stream when the outputs are larger than the last-level cache. Not the
+// smaller share of it that the norms use (cpu::stream_bytes()): these kernels are bound by their
+// arithmetic at 16,384 tokens, and on the 2-core Xeon VM streaming made silu_and_mul 16,384 x
+// 14,336 6% slower and its backward at 1,024 tokens (59 MB of dx, which the host's L3 kept) 35%
+// slower (docs/perf/cpu.md).
+bool streams(const TV& out) {
+  return double(bytes_of(out)) > double(cpu::cpu_info().cache(cpu::CacheLevel::l3).bytes);
+}
 
 // Streamed stores are weakly ordered: fence them before the task ends.
 void fence_streams() {

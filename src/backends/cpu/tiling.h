@@ -91,10 +91,13 @@ bool single_thread_call(double bytes);
 // aligned). The cap matters on virtual machines, which report the host's whole L3 (480 MiB on the
 // 2-core Xeon VM) while other tenants share it: without it a 16,384 x 4,096 bf16 rms_norm there
 // (256 MB moved) wrote its 128 MB with read-for-ownership, a third more traffic than the streaming
-// memcpy of the copy ceiling. Outputs within the share keep plain stores, so an activation's
-// output at prefill sizes stays in cache for the GEMM after it. OPFORGE_CPU_STREAM_BYTES (bytes,
-// "64M" style) overrides the share.
-inline constexpr int64_t kStreamBytesPerThread = int64_t(16) << 20;
+// memcpy of the copy ceiling; with it the norms at that size run 1.16-1.27x faster (docs/perf/
+// cpu.md). 32 MiB a thread because smaller outputs did stay in that L3 there (a 59 MB
+// silu_and_mul_backward output lost 35% when streamed). The norm family and layer_norm use this
+// rule; the activations stream only past the whole L3 (ops/activation/cpu.cpp: bound by their
+// arithmetic, streaming did not help them). OPFORGE_CPU_STREAM_BYTES (bytes, "64M" style)
+// overrides the share.
+inline constexpr int64_t kStreamBytesPerThread = int64_t(32) << 20;
 int64_t stream_bytes();
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs);
 
