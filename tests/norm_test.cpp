@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_info.h"
+#include "backends/cpu/tiling.h"
 #include "opforge/error.h"
 #include "opforge/registry.h"
 #include "ops/norm/internal.h"
@@ -268,9 +271,9 @@ TEST(NormVariantCpu, BackwardReductionsAreDeterministic) {
 // stores]); their rows must be bit-identical to a small call's (plain stores) on the same rows.
 TEST(NormCpu, StreamingStoresMatchPlainStores) {
   const int64_t hidden = 1024;
-  // Streaming starts past the L3 (Note [streaming stores]); a 1 MiB L3 stands in for this
-  // machine's, so the big calls stream and the 4-row ones do not whatever it reports (480 MiB on
-  // a VM that reports its host's would make the big tensors take minutes under ASan).
+  // Streaming starts past the L3 at the latest (Note [streaming stores]); a 1 MiB L3 stands in
+  // for this machine's, so the big calls stream and the 4-row ones do not whatever it reports
+  // (480 MiB on a VM that reports its host's would make the big tensors take minutes under ASan).
   const int64_t threshold = int64_t(1) << 20;
   const int64_t saved = cpu::set_l3_bytes_for_testing(threshold);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
@@ -302,6 +305,30 @@ TEST(NormCpu, StreamingStoresMatchPlainStores) {
     EXPECT_TRUE(same_bytes(head(y), ys));
     EXPECT_TRUE(same_bytes(head(s), ss));
   }
+  cpu::set_l3_bytes_for_testing(saved);
+}
+
+// Note [streaming stores]: outputs stream past the cache share (the L3, at most
+// kStreamBytesPerThread a thread) or when the call moves more than the whole L3; never when an
+// output row is not 64-byte aligned. Views over a fake aligned address: only the decision runs.
+TEST(NormCpu, StreamingRuleUsesTheCacheShare) {
+  if (std::getenv("OPFORGE_CPU_STREAM_BYTES") != nullptr) GTEST_SKIP() << "the share is overridden";
+  const int64_t saved = cpu::set_l3_bytes_for_testing(int64_t(480) << 20);  // a VM reporting its host's L3
+  const int64_t share = cpu::stream_bytes();
+  EXPECT_LE(share, int64_t(480) << 20);
+  EXPECT_GE(share, cpu::kStreamBytesPerThread);  // one thread's share at least
+  EXPECT_EQ(share % cpu::kStreamBytesPerThread, 0);  // whole threads' shares, under that L3
+  void* fake = reinterpret_cast<void*>(uintptr_t(1) << 20);
+  auto rows_of = [](int64_t bytes) { return bytes / (4096 * 2); };  // bf16 rows of hidden 4096
+  const TensorView over(fake, DType::bf16, Shape{rows_of(share) + 1, 4096}, Device::cpu());
+  const TensorView under(fake, DType::bf16, Shape{rows_of(share), 4096}, Device::cpu());
+  EXPECT_TRUE(cpu::stream_outputs(2.0 * double(share), {&over}));
+  EXPECT_FALSE(cpu::stream_outputs(2.0 * double(share), {&under}));
+  EXPECT_TRUE(cpu::stream_outputs(double(int64_t(481) << 20), {&under}));  // past the whole L3
+  const TensorView odd(fake, DType::bf16, Shape{rows_of(share) + 1, 4100}, Device::cpu());  // 8200-byte rows
+  EXPECT_FALSE(cpu::stream_outputs(2.0 * double(share), {&odd}));
+  cpu::set_l3_bytes_for_testing(int64_t(1) << 20);  // a small L3 bounds the share
+  EXPECT_EQ(cpu::stream_bytes(), int64_t(1) << 20);
   cpu::set_l3_bytes_for_testing(saved);
 }
 

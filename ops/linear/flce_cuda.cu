@@ -61,6 +61,7 @@
 #include "ops/linear/linear_cuda.h"
 #include "ops/loss/loss_cuda.cuh"
 #include "ops/loss/loss_cuda.h"
+#include "ops/softmax/row_reduce.cuh"
 
 namespace opforge {
 namespace cuda::flce {
@@ -252,15 +253,16 @@ struct MergeArgs {
   bool first;
 };
 
-__device__ __forceinline__ float rescale(float m, float to) { return m == -INFINITY ? 0.0f : expf(m - to); }
-
-// One warp per row: fold the block's columns into the row's state (online log-sum-exp).
+// One warp per row: fold the block's columns into the row's state (online log-sum-exp with the
+// softmax kernels' statistics: cuda::rows::add_unit, merge, row_stats).
 __global__ void __launch_bounds__(256) merge_block_kernel(MergeArgs a) {
+  using rows::Stats;
   const int lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (r >= a.rows) return;
+  if (r >= a.rows) return;  // whole warps: the reductions below are warp shuffles only
   const float* z = a.logits + r * a.ld;
-  float m = -INFINITY, s = 0.0f, sz = 0.0f;
+  Stats st{-INFINITY, 0.0f};
+  float sz = 0.0f;
   // Eight columns a lane per step (two 16-byte loads in flight; ld % 8 == 0, workspace aligned).
   for (int64_t c = int64_t(lane) * 8; c < a.cols; c += 256) {
     float v[8];
@@ -270,40 +272,24 @@ __global__ void __launch_bounds__(256) merge_block_kernel(MergeArgs a) {
       v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
     } else {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = k < n ? z[c + k] : -INFINITY;
+      for (int k = 0; k < 8; ++k) v[k] = k < n ? z[c + k] : -INFINITY;  // exp(-inf) adds nothing
     }
-    float um = v[0];
 #pragma unroll
-    for (int k = 1; k < 8; ++k) um = fmaxf(um, v[k]);
-    const float nm = fmaxf(m, um);
-    float add = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if (k < n) add += expf(v[k] - nm), sz += v[k];
-    }
-    s = s * rescale(m, nm) + add;
-    m = nm;
+    for (int k = 0; k < 8; ++k)
+      if (k < n) sz += v[k];
+    st = rows::add_unit<float, 8>(st, v);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    const float om = __shfl_xor_sync(0xffffffffu, m, off), os = __shfl_xor_sync(0xffffffffu, s, off);
-    const float oz = __shfl_xor_sync(0xffffffffu, sz, off);
-    const float nm = fmaxf(m, om);
-    s = s * rescale(m, nm) + os * rescale(om, nm);
-    m = nm, sz += oz;
-  }
+  st = rows::row_stats(st, 32, nullptr);  // one warp: butterflies only, no scratch
+  sz = group_sum<32>(sz);
   if (lane != 0) return;
   const int64_t t = a.target[(a.n0 + r) * a.target_stride];
   float zt = a.first ? NAN : a.st.z_target[r];
   if (t != a.ignore_index && t >= a.v0 && t < a.v0 + a.cols) zt = z[t - a.v0];
-  if (a.first) {
-    a.st.max[r] = m, a.st.sum[r] = s, a.st.sum_z[r] = sz;
-  } else {
-    const float pm = a.st.max[r], nm = fmaxf(pm, m);
-    a.st.sum[r] = a.st.sum[r] * rescale(pm, nm) + s * rescale(m, nm);
-    a.st.max[r] = nm;
-    a.st.sum_z[r] += sz;
+  if (!a.first) {
+    st = rows::merge(Stats{a.st.max[r], a.st.sum[r]}, st);
+    sz += a.st.sum_z[r];
   }
+  a.st.max[r] = st.m, a.st.sum[r] = st.s, a.st.sum_z[r] = sz;
   a.st.z_target[r] = zt;
 }
 
