@@ -1,5 +1,5 @@
 // opforge perfdb validate|show|query: the performance database (data/perf/<system>/<op>.csv).
-//   validate --system S [--root DIR] [--interp floor|cubic|linear]
+//   validate --system S [--root DIR] [--interp floor|cubic|linear] [--points FILE]
 //                                      leave-one-out per op: interior points, median and p90
 //                                      relative error, PASS when median <= 3% and p90 <= 8% (the
 //                                      exit status is 0 either way; a malformed file is an error,
@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -28,7 +30,7 @@ constexpr double kGoalMedian = 0.03;
 constexpr double kGoalP90 = 0.08;
 
 struct PerfdbFlags {
-  std::string system, root, op, impl = "auto", dtype = "bf16", interp = "floor";
+  std::string system, root, op, impl = "auto", dtype = "bf16", interp = "floor", points;
   std::vector<std::string> dims;
 };
 
@@ -77,6 +79,20 @@ perfdb::Dims parse_dims(const std::vector<std::string>& specs) {
   return dims;
 }
 
+// Every interior prediction, one CSV line each (op, where, predicted, measured, relative error),
+// for finding where an op's p90 comes from.
+void write_points(const std::string& path, const std::vector<perfdb::ValidationRow>& rows) {
+  std::ofstream out(path);
+  if (!out) throw Error(ErrorCode::io, "perfdb validate: cannot write --points file '" + path + "'");
+  out << "op,where,predicted_us,measured_us,rel_err\n";
+  for (const perfdb::ValidationRow& v : rows)
+    for (const perfdb::ValidationPoint& p : v.interior)
+      out << fmt::format("{},\"{}\",{:.6g},{:.6g},{:.6f}\n", v.op, p.where, p.predicted_us, p.measured_us,
+                         std::abs(p.predicted_us - p.measured_us) / p.measured_us);
+  if (!out) throw Error(ErrorCode::io, "perfdb validate: writing '" + path + "' failed");
+  std::cout << fmt::format("every interior prediction: {}\n", path);
+}
+
 void run_validate(const PerfdbFlags& f) {
   perfdb::Database db = load_db(f);
   std::cout << fmt::format("perf data of system '{}' ({}): leave-one-out along the axes\n", f.system, db.folder());
@@ -107,6 +123,7 @@ void run_validate(const PerfdbFlags& f) {
                              pct(v.log_linear, false), pct(v.log_linear, true), ends, v.max_rel_err * 100, v.worst);
   }
   std::cout << fmt::format("\n{} op(s) PASS, {} FAIL\n", pass, fail);
+  if (!f.points.empty()) write_points(f.points, rows);
   bool header = false;
   for (const perfdb::ValidationRow& v : rows) {
     if (v.both_axes.points == 0) continue;
@@ -169,6 +186,7 @@ void add_perfdb(CLI::App& app, int& status) {
   auto* validate = cmd->add_subcommand("validate", "leave-one-out error per op against the goal (median <= 3%, p90 <= 8%)");
   add_system_flags(*validate, *flags);
   add_interp_flag(*validate, *flags);
+  validate->add_option("--points", flags->points, "also write every interior prediction to this CSV file");
   validate->callback([flags, &status] { run_validate(*flags); status = 0; });
 
   auto* show = cmd->add_subcommand("show", "headers and row counts of a system's tables");

@@ -195,8 +195,15 @@ struct ValidationStats {
   double max_rel_err = 0;
   std::string worst;  // the prediction with max_rel_err, e.g. "cpu bf16 tokens=48, hidden=4096 along tokens"
 };
+// One interior prediction of leave_one_out, for a per-point listing (`perfdb validate --points`).
+struct ValidationPoint {
+  std::string where;  // as ValidationStats::worst: "impl dtype dims along axis"
+  double predicted_us = 0;
+  double measured_us = 0;
+};
 struct ValidationRow {
   std::string op;
+  std::vector<ValidationPoint> interior;  // every interior prediction behind the numbers below
   // interior rows, by Database::interpolation()
   int points = 0;
   double median_rel_err = 0;

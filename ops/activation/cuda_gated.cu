@@ -8,8 +8,12 @@
 //     gelu'(a) = (1 + t) / 2 + a (1 - t^2) c (1 + 3 * 0.044715 a^2) / 2.
 //   mul_and_silu: y = a silu(b); fatrelu_and_mul: y = (a > threshold ? a : 0) b.
 //   Backward: dx[..., :d] = dy * d y / d a, dx[..., d:] = dy * d y / d b.
-// Each functor (Gate below) gives y and (dy/da, dy/db) in f32 (accurate erff / tanhf / expf, no
-// fast-math intrinsics); every output is rounded once.
+// Each functor (Gate below) gives y and (dy/da, dy/db) in f32; every output is rounded once. The
+// tanh form and mul_and_silu take their sigmoid from act::sigmoid_both (Note [activation math,
+// cuda]; 0.5 (1 + tanh(u)) = sigmoid(2u)): accurate expf and division for f32 data, __expf and
+// __fdividef for f16 / bf16 data (`fast`, set by run()), whose ~2^-21 relative errors sit far under
+// the result's spacing. The erf form keeps erff for f32 data and takes a rational approximation
+// of Phi for 16-bit data (phi_fast below).
 //
 // Technique (as cuda.cu's silu_and_mul, one template over the functor): purely elementwise and
 // memory-bound, each element of x read once, each output written once.
@@ -30,6 +34,7 @@
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/activation/activation_cuda.h"
+#include "ops/activation/functors_cuda.cuh"
 
 namespace opforge {
 namespace cuda::gated {
@@ -40,36 +45,75 @@ namespace {
 // the bf16 kernel compute-bound (69% of the copy bandwidth at 16384 x 14336 on an H200, against
 // 100% for the tanh form). In the far left tail 1 + erf cancels, but there a Phi(a) is below
 // 1e-7 |a|, far inside every tolerance.
+// For f16 / bf16 data (`fast`) erff alone still held the forward at 85% of copy, behind
+// torch.compile, so Phi comes from the rational form of Abramowitz & Stegun 7.1.26:
+// erfc(x) ~ t (p1 + t (p2 + t (p3 + t (p4 + t p5)))) e^(-x^2), t = 1 / (1 + p x), x = |a| / sqrt 2,
+// absolute error below 1.5e-7 (below 7.5e-8 in Phi, the size of erff's own rounding in the left
+// tail above), with __expf and __fdividef; a result's spacing is 2^-8 (bf16) or 2^-11 (f16) of it.
+// e^(-x^2) = e^(-a^2 / 2) is also the density's exponential, so the backward shares it.
+__device__ __forceinline__ float phi_fast(float a, float& gauss) {
+  const float x = fabsf(a) * 0.70710678118654752f;
+  const float t = __fdividef(1.0f, fmaf(0.3275911f, x, 1.0f));
+  gauss = __expf(-x * x);
+  const float poly =
+      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f),
+               0.254829592f);
+  const float half_erfc = 0.5f * poly * gauss;
+  return a >= 0.0f ? 1.0f - half_erfc : half_erfc;  // a NaN a gives NaN (half_erfc is NaN)
+}
+
 struct GeluErf {
+  bool fast = false;
   __device__ __forceinline__ float value(float a, float b) const {
+    if (fast) {
+      float gauss;
+      return a * phi_fast(a, gauss) * b;
+    }
     return 0.5f * a * (1.0f + erff(a * 0.70710678118654752f)) * b;
   }
   __device__ __forceinline__ float2 grad(float a, float b, float g) const {
-    const float cdf = 0.5f * (1.0f + erff(a * 0.70710678118654752f));
-    const float pdf = 0.39894228040143268f * expf(-0.5f * a * a);
+    float cdf, pdf;
+    if (fast) {
+      float gauss;
+      cdf = phi_fast(a, gauss);
+      pdf = 0.39894228040143268f * gauss;
+    } else {
+      cdf = 0.5f * (1.0f + erff(a * 0.70710678118654752f));
+      pdf = 0.39894228040143268f * expf(-0.5f * a * a);
+    }
     return make_float2(g * b * (cdf + a * pdf), g * a * cdf);
   }
 };
 
-struct GeluTanh {
-  static constexpr float c = 0.79788456080286536f;  // sqrt(2 / pi)
+struct GeluTanh {  // gelu(a) = a sigmoid(2u), u = c (a + 0.044715 a^3), c = sqrt(2 / pi)
+  static constexpr float c = 0.79788456080286536f;
+  bool fast = false;
   __device__ __forceinline__ float value(float a, float b) const {
-    const float t = tanhf(c * (a + 0.044715f * a * a * a));
-    return 0.5f * a * (1.0f + t) * b;
+    float s, sc;
+    act::sigmoid_both(2.0f * c * a * (1.0f + 0.044715f * a * a), s, sc, fast);
+    return a * s * b;
   }
+  // d gelu / d a = s + a s (1 - s) 2c (1 + 3 * 0.044715 a^2) (1 - tanh^2 = 4 s (1 - s)).
   __device__ __forceinline__ float2 grad(float a, float b, float g) const {
-    const float t = tanhf(c * (a + 0.044715f * a * a * a));
-    const float slope =
-        0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * a * a);
-    return make_float2(g * b * slope, g * 0.5f * a * (1.0f + t));
+    float s, sc;
+    act::sigmoid_both(2.0f * c * a * (1.0f + 0.044715f * a * a), s, sc, fast);
+    const float gelu = a * s;
+    const float slope = s + gelu * sc * 2.0f * c * (1.0f + 3.0f * 0.044715f * a * a);
+    return make_float2(g * b * slope, g * gelu);
   }
 };
 
 struct MulSilu {  // y = a * silu(b)
-  __device__ __forceinline__ float value(float a, float b) const { return a * (b / (1.0f + expf(-b))); }
+  bool fast = false;
+  __device__ __forceinline__ float value(float a, float b) const {
+    float s, sc;
+    act::sigmoid_both(b, s, sc, fast);
+    return a * (b * s);
+  }
   __device__ __forceinline__ float2 grad(float a, float b, float g) const {
-    const float s = 1.0f / (1.0f + expf(-b));
-    return make_float2(g * b * s, g * a * s * (1.0f + b * (1.0f - s)));
+    float s, sc;
+    act::sigmoid_both(b, s, sc, fast);
+    return make_float2(g * b * s, g * a * s * (1.0f + b * sc));
   }
 };
 
@@ -81,6 +125,8 @@ struct Fatrelu {
     return make_float2(on ? g * b : 0.0f, on ? g * a : 0.0f);
   }
 };
+
+template <class G> concept HasFastFlag = requires(G g) { g.fast; };
 
 // ---- the kernel ----------------------------------------------------------------------------------
 template <class T> struct Args {
@@ -146,6 +192,8 @@ void run(const Context& ctx, const char* op, const G& gate, const TensorView& ou
   DeviceGuard guard(ctx.device.index);
   dispatch_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
+    G g = gate;
+    if constexpr (HasFastFlag<G>) g.fast = sizeof(T) == 2;
     Args<T> p{};
     p.out = out.ptr<T>(), p.out_stride = row_stride_of(out);
     p.x = x.ptr<T>(), p.x_stride = row_stride_of(x);
@@ -158,7 +206,7 @@ void run(const Context& ctx, const char* op, const G& gate, const TensorView& ou
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    gated_kernel<T, G, kVec, kBackward><<<grid, dim3(bx, by), 0, stream_of(ctx)>>>(p, gate);
+    gated_kernel<T, G, kVec, kBackward><<<grid, dim3(bx, by), 0, stream_of(ctx)>>>(p, g);
     check_launch(op);
   });
 }

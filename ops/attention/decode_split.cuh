@@ -190,24 +190,44 @@ inline Plan plan_splits(int64_t sms, int64_t blocks_per_sm, int64_t pairs, int64
 
 // Wave-balanced splits (cuda_split_mma). With `slots` = SMs x resident blocks, a launch of
 // pairs * s blocks of u = ceil(units / s) tiles each runs in about w = ceil(pairs * s / slots)
-// waves, so its time grows with w * (u + 1), the 1 standing for what a block pays besides its
-// tiles (filling its copy pipeline, the merge, the partial state it writes and the combine reads).
-// This picks the s in [1, units / min tiles] that minimizes it, the fewest splits among equals.
-// Against plan_splits' fixed target of blocks no wave is left a sliver full: at GQA 32/8, context
-// 2048, 132 SMs x 2 slots, a block gets 7 tiles at batch 6 (2 waves of 4 there), 1 wave of 32 at
-// batch 32 (5 waves of 7), and the time grows about linearly with batch x context instead of by
+// waves, so its time grows with w * (u + kBlockCost): kBlockCost tiles' worth of time is what a
+// block pays besides its tiles (filling its copy pipeline, the merge, the partial state it writes
+// and the combine reads). This picks the s in [1, units / min tiles] that minimizes it, the fewest
+// splits among equals. Against plan_splits' fixed target of blocks no wave is left a sliver full:
+// at GQA 32/8, context 2048, 132 SMs x 2 slots, batch 32 gets one wave of 256 blocks of 32 tiles
+// instead of 5 waves of 7, and the time grows about linearly with batch x context instead of by
 // wave steps.
+// kBlockCost = 2, measured (H200, GQA 32/8, context 2048, every batch 1-256 against forced split
+// counts 1-22, docs/perf/gpu-h200-2026-11-27-round11.md): with 1, batch 12 (96 pairs) took three
+// waves of 4 tiles (41.2 us) where one wave of 16 took 35.4, slower than batch 16 (40.6 us); with
+// 2 it takes the single wave and every other batch keeps its plan. The same pair count (GQA 16/2
+// at batch 48) made the stored times non-monotone in batch.
+constexpr int64_t kBlockCost = 2;
+
 inline Plan plan_balanced(int64_t sms, int64_t blocks_per_sm, int64_t pairs, int64_t max_ctx,
                           int64_t tile) {
   static const int forced_chunk = env_choice("OPFORGE_CUDA_DECODE_MIN_CHUNK", 16, 4096);
+  static const int64_t forced_splits = [] {
+    const char* e = std::getenv("OPFORGE_CUDA_DECODE_SPLITS");
+    const int64_t n = e ? std::atoll(e) : 0;
+    return n >= 1 ? std::min(n, kMaxSplits) : int64_t(0);
+  }();
   const int64_t slots = std::max<int64_t>(1, sms) * blocks_per_sm;
   const int64_t units = std::max<int64_t>(1, ceil_div(max_ctx, tile));
-  const int64_t min_units = std::max<int64_t>(1, ceil_div(forced_chunk ? forced_chunk : kMinChunk, tile));
-  int64_t best = 1, best_cost = ceil_div(pairs, slots) * (units + 1);
+  if (forced_splits) {
+    const int64_t chunk = ceil_div(units, std::min(forced_splits, units)) * tile;
+    return {chunk, ceil_div(max_ctx, chunk)};
+  }
+  // At least kMinChunk keys a split, except that a sequence of >= 2 tiles may always split in two:
+  // with 4 tiles at least, context 384 (6 tiles) ran as one block and took longer than 512 (two
+  // blocks of 4) at every batch below a wave, a step the perf database could not interpolate.
+  const int64_t min_units = std::min(std::max<int64_t>(1, ceil_div(forced_chunk ? forced_chunk : kMinChunk, tile)),
+                                     std::max<int64_t>(1, ceil_div(units, 2)));
+  int64_t best = 1, best_cost = ceil_div(pairs, slots) * (units + kBlockCost);
   for (int64_t s = 2; s <= kMaxSplits; ++s) {
     const int64_t per = ceil_div(units, s);
     if (per < min_units) break;
-    const int64_t cost = ceil_div(pairs * s, slots) * (per + 1);
+    const int64_t cost = ceil_div(pairs * s, slots) * (per + kBlockCost);
     if (cost < best_cost) best = s, best_cost = cost;
   }
   const int64_t chunk = ceil_div(units, best) * tile;

@@ -50,12 +50,15 @@ double percentile(std::vector<double> v, double p) {
 struct Errors {
   std::vector<double> errors;
   ValidationStats stats;
+  std::vector<ValidationPoint>* points = nullptr;  // when set, every prediction is listed there
   void add(double predicted, const Row& r, const OpTable& t, const std::string& axis) {
     double err = std::abs(predicted - r.median_us) / r.median_us;
     errors.push_back(err);
+    auto where = [&] { return r.impl + " " + r.dtype + " " + detail::dims_text(r.dims, t.dim_names) + " along " + axis; };
+    if (points) points->push_back({where(), predicted, r.median_us});
     if (err >= stats.max_rel_err) {
       stats.max_rel_err = err;
-      stats.worst = r.impl + " " + r.dtype + " " + detail::dims_text(r.dims, t.dim_names) + " along " + axis;
+      stats.worst = where();
     }
   }
   ValidationStats done() {
@@ -78,7 +81,10 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
   std::vector<ValidationRow> out;
   for (const std::string& op : db.ops()) {
     const OpTable& t = db.table(op);
+    ValidationRow v;
+    v.op = op;
     Errors chosen, plain, beyond, below;
+    chosen.points = &v.interior;
     for (const std::string& axis : t.header.axes) {
       // Lines: (impl, dtype, every other dim) -> rows sorted by the axis.
       std::map<std::pair<std::string, std::vector<int64_t>>, std::vector<const Row*>> lines;
@@ -162,8 +168,6 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
         }
       }
     }
-    ValidationRow v;
-    v.op = op;
     ValidationStats s = chosen.done();
     v.points = s.points;
     v.median_rel_err = s.median_rel_err;
