@@ -260,4 +260,14 @@ TEST(PerfdbInterp, LeaveOneOutComparesAndReportsEndsApart) {
   ValidationRow f = leave_one_out(floor)[0];
   EXPECT_LT(f.median_rel_err, f.log_linear.median_rel_err);
   EXPECT_LT(f.max_rel_err, f.log_linear.max_rel_err);
+  // the per-point listing (`perfdb validate --points`) holds every interior prediction behind the
+  // numbers: as many as counted, measured times the stored ones, the worst one among them
+  ASSERT_EQ(int(f.interior.size()), f.points);
+  double worst = 0;
+  for (const ValidationPoint& p : f.interior) {
+    const double tokens = std::stod(p.where.substr(p.where.find("tokens=") + 7));
+    EXPECT_DOUBLE_EQ(p.measured_us, 2.0 + tokens / 100) << p.where;
+    worst = std::max(worst, std::abs(p.predicted_us - p.measured_us) / p.measured_us);
+  }
+  EXPECT_DOUBLE_EQ(worst, f.max_rel_err);
 }
