@@ -64,6 +64,8 @@ std::vector<Case> linear_family_cases(bool backward) {
   add("4x64_to_32", CaseGroup::small, {{4, 64}, 32});
   add("7x33_to_5_no_bias", CaseGroup::small, {{7, 33}, 5, false});
   add("32x1024_to_768", CaseGroup::medium, {{32, 1024}, 768});
+  // 16-bit w past half of a 2 MiB L2 with 12 rows: the cpu kernel's dot path (Note [decode gemv])
+  add("12x1024_to_640", CaseGroup::medium, {{12, 1024}, 640});
   for (int64_t tokens : {1, 16, 128, 512})
     add("t" + std::to_string(tokens) + "_4096_to_4096", CaseGroup::large, {{tokens, 4096}, 4096, false});
   add("t16_4096_to_14336", CaseGroup::large, {{16, 4096}, 14336, false});

@@ -11,10 +11,10 @@
 // written into y first and the GEMM accumulates onto it (beta = 1).
 // bf16 / f16: the Debian OpenBLAS has no sbgemm (see the gemm.cpp section of internal.h), so x is
 // widened to f32 once and w in tiles of out-rows (Note [tiling]: all threads' tiles together in
-// half the L3, at least 512 rows: Note [narrow gemm]), one OpenMP task per tile: the task widens its tile (Highway conversions),
-// multiplies it while it is in cache and rounds its y columns once. Decode shapes (1 token) are
-// bound by reading w: up to 4 rows of x go through a dot-product path that reads w once (Note
-// [decode gemv]).
+// half the L3, at least 512 rows: Note [narrow gemm]), one OpenMP task per tile: the task widens
+// its tile (Highway conversions), multiplies it while it is in cache and rounds its y columns
+// once. Decode shapes are bound by reading w: up to 16 rows of x (fewer for long rows) go through
+// a dot-product path that reads w once (Note [decode gemv]).
 // Deterministic: no product is split over k (Note [one thread pool]) and db sums rows in order.
 #include <climits>
 
@@ -104,14 +104,36 @@ void linear_16bit(const TensorView& y, const TensorView& x, const TensorView& w,
 
 // Note [decode gemv]: with a few rows of x (decode: one token per sequence) a 16-bit linear is
 // bound by reading w once, 2 bytes per weight. The tiled path above widens w into f32 tiles (a
-// write and a read of 4 bytes per weight more) and hands OpenBLAS a GEMM of 1-4 rows, which it
+// write and a read of 4 bytes per weight more) and hands OpenBLAS a GEMM of a few rows, which it
 // runs at a fraction of its speed; and when the L3 is large (480 MiB reported by the 2-core Xeon
 // VM) one tile holds all of w and one thread does everything: Llama-3.1-8B's o_proj (4096 x 4096)
 // at one token took 28.5 ms there, 1.2 GB/s. Here each task takes a block of w's rows (Note
 // [balanced tasks]: the rows of y are independent), widens one row at a time into an L1-resident
 // f32 row and takes its dot product with each row of x (OpenBLAS's sdot, one call per output), so
 // w streams from memory once. Same f32 accumulation; each output is one whole-k dot product.
-constexpr int64_t kGemvMaxRows = 4;
+// Up to how many rows: each row of w is dotted with every row of x, so the path's time grows with
+// rows x n x k where the GEMM's barely does, and x's f32 rows are re-read once per row of w. The
+// bound: 16 rows, fewer where their f32 copy would pass half the L2 (Note [tiling]), and 4 for a
+// w that fits half the L2 itself (a router's 8 or 128 rows: nothing to stream, and the GEMM wins).
+// Measured on the 2-core Xeon VM (2 MiB of L2 a core, bf16, full-grid linear rows against the
+// tiled GEMM path's): at 6-16 tokens 1.1-6.5x faster for every w larger than that (o_proj 4096 x
+// 4096: 4.7-10.2 ms against 30-31 ms); at 24 tokens the two paths are even for k = 8192 and for
+// Qwen3-30B-A3B's experts (2048 x 768: 1.18x slower), and at 32 most shapes lose (docs/perf/cpu.md).
+constexpr int64_t kGemvMinRows = 4, kGemvMaxRows = 16;
+int64_t gemv_max_rows(const TensorView& w) {
+  const int64_t in = std::max<int64_t>(w.size(-1), 1);
+  cpu::TileSpec w_rows;  // rows of w in half the L2
+  w_rows.bytes_per_element = w.itemsize();
+  w_rows.multiplier = in;
+  w_rows.level = cpu::CacheLevel::l2;
+  if (w.size(0) <= cpu::capacity_block(w_rows)) return kGemvMinRows;
+  cpu::TileSpec x_rows;  // rows of x's f32 copy in half the L2
+  x_rows.bytes_per_element = 4;
+  x_rows.multiplier = in;
+  x_rows.level = cpu::CacheLevel::l2;
+  x_rows.max_block = kGemvMaxRows;
+  return std::max(kGemvMinRows, cpu::capacity_block(x_rows));
+}
 
 void linear_16bit_gemv(const TensorView& y, const TensorView& x, const TensorView& w,
                        const TensorView& b) {
@@ -142,7 +164,7 @@ void linear_16bit_gemv(const TensorView& y, const TensorView& x, const TensorVie
 void linear_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                 const TensorView& b) {
   if (x.dtype == DType::f32) linear_f32(y, x, w, b);
-  else if (x.rows() <= kGemvMaxRows) linear_16bit_gemv(y, x, w, b);
+  else if (x.rows() <= gemv_max_rows(w)) linear_16bit_gemv(y, x, w, b);
   else linear_16bit(y, x, w, b);
 }
 
