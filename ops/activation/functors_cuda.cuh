@@ -12,11 +12,12 @@
 // e = expf(-|z|) in (0, 1]: s = 1 / (1 + e) for z >= 0, e / (1 + e) otherwise, with 1 - s taken
 // from the same e (never 1 - s as a difference, which loses its relative accuracy where s is near
 // 1 and derivatives multiply it by terms that grow with a). expf, expm1f: accurate CUDA math (no
-// fast-math intrinsics), except where a functor's `fast` is set: the pointwise kernels set it for
-// f16 / bf16 data (cuda_pointwise.cu), and the sigmoid then takes __expf and __fdividef (relative
-// errors near 2^-21 and 2 ulp, far under the 2^-11 / 2^-8 spacing of the result's dtype; as Note
-// [element exp] in ops/softmax/row_reduce.cuh), which keeps gelu_new / gelu_fast / quick_gelu from
-// being bound by the arithmetic instead of memory. Comparisons are written so that NaN propagates
+// fast-math intrinsics), except where a functor's `fast` is set: the pointwise kernels
+// (cuda_pointwise.cu) and the gated ones (cuda.cu, cuda_gated.cu) set it for f16 / bf16 data, and
+// the sigmoid then takes __expf and __fdividef (relative errors near 2^-21 and 2 ulp, far under
+// the 2^-11 / 2^-8 spacing of the result's dtype; as Note [element exp] in
+// ops/softmax/row_reduce.cuh), which keeps gelu_new / gelu_fast / quick_gelu, silu_and_mul,
+// mul_and_silu and gelu_and_mul's tanh form from being bound by the arithmetic instead of memory. Comparisons are written so that NaN propagates
 // as in the reference (std::max(a, 0) and std::min(a, eps) return a NaN a).
 #pragma once
 
