@@ -43,17 +43,15 @@ template <class T> struct Args {
 // The fast intrinsics for 16-bit data only (see the header).
 template <class T> inline constexpr bool kFastMath = sizeof(T) == 2;
 
+// silu(a) b and its (d a, d b), from the pointwise functor (functors_cuda.cuh).
 template <class T> __device__ __forceinline__ float silu_mul(float a, float b) {
-  float s, sc;
-  act::sigmoid_both(a, s, sc, kFastMath<T>);
-  return a * s * b;
+  return act::ScaledSilu{.fast = kFastMath<T>}.value(a) * b;
 }
 
-// (d a, d b) for one element: d silu / d a = s (1 + a (1 - s)), 1 - s from the same exponential.
 template <class T> __device__ __forceinline__ float2 silu_mul_grad(float a, float b, float g) {
-  float s, sc;
-  act::sigmoid_both(a, s, sc, kFastMath<T>);
-  return make_float2(g * b * s * (1.0f + a * sc), g * a * s);
+  float silu, slope;
+  act::ScaledSilu{.fast = kFastMath<T>}.value_slope(a, silu, slope);
+  return make_float2(g * b * slope, g * silu);
 }
 
 // One column unit (a pack of 16 bytes, or one element) of one row.

@@ -85,35 +85,24 @@ struct GeluErf {
   }
 };
 
-struct GeluTanh {  // gelu(a) = a sigmoid(2u), u = c (a + 0.044715 a^3), c = sqrt(2 / pi)
-  static constexpr float c = 0.79788456080286536f;
+// The activation of the gate from the pointwise functors (functors_cuda.cuh), times the up half.
+struct GeluTanh {  // gelu(a) b, gelu(a) = a sigmoid(2u), u = c (a + 0.044715 a^3), c = sqrt(2 / pi)
   bool fast = false;
-  __device__ __forceinline__ float value(float a, float b) const {
-    float s, sc;
-    act::sigmoid_both(2.0f * c * a * (1.0f + 0.044715f * a * a), s, sc, fast);
-    return a * s * b;
-  }
-  // d gelu / d a = s + a s (1 - s) 2c (1 + 3 * 0.044715 a^2) (1 - tanh^2 = 4 s (1 - s)).
+  __device__ __forceinline__ float value(float a, float b) const { return act::GeluTanh{.fast = fast}.value(a) * b; }
   __device__ __forceinline__ float2 grad(float a, float b, float g) const {
-    float s, sc;
-    act::sigmoid_both(2.0f * c * a * (1.0f + 0.044715f * a * a), s, sc, fast);
-    const float gelu = a * s;
-    const float slope = s + gelu * sc * 2.0f * c * (1.0f + 3.0f * 0.044715f * a * a);
+    float gelu, slope;
+    act::GeluTanh{.fast = fast}.value_slope(a, gelu, slope);
     return make_float2(g * b * slope, g * gelu);
   }
 };
 
 struct MulSilu {  // y = a * silu(b)
   bool fast = false;
-  __device__ __forceinline__ float value(float a, float b) const {
-    float s, sc;
-    act::sigmoid_both(b, s, sc, fast);
-    return a * (b * s);
-  }
+  __device__ __forceinline__ float value(float a, float b) const { return a * act::ScaledSilu{.fast = fast}.value(b); }
   __device__ __forceinline__ float2 grad(float a, float b, float g) const {
-    float s, sc;
-    act::sigmoid_both(b, s, sc, fast);
-    return make_float2(g * b * s, g * a * s * (1.0f + b * sc));
+    float silu, slope;
+    act::ScaledSilu{.fast = fast}.value_slope(b, silu, slope);
+    return make_float2(g * silu, g * a * slope);
   }
 };
 
