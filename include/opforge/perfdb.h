@@ -59,6 +59,7 @@
 
 #include "opforge/error.h"
 #include "opforge/op.h"
+#include "opforge/plan.h"
 
 namespace opforge::perfdb {
 
@@ -91,6 +92,9 @@ struct Row {
   double bytes = 0;
   double flops = 0;
   std::optional<double> energy_uj;
+  // The kernel's decisions at this point (Note [plan regimes] in opforge/plan.h); empty
+  // when none were noted or the file has no plan column.
+  std::vector<plan::Decision> plan;
 };
 
 struct OpTable {
@@ -98,6 +102,7 @@ struct OpTable {
   std::vector<std::string> dim_names;  // column order
   std::vector<Row> rows;
   std::string path;
+  bool has_plan = false;  // the file has the plan column (written when set or any row has a plan)
 };
 
 enum class Method { measured, interpolated, extrapolated, modelled };

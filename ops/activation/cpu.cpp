@@ -398,6 +398,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include <algorithm>
+#include <cmath>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -405,6 +406,7 @@ HWY_AFTER_NAMESPACE();
 #include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
+#include "opforge/plan.h"
 
 namespace opforge {
 namespace activation_cpu {
@@ -424,7 +426,9 @@ using TileFn = void(const ActRows&, int64_t, int64_t, int64_t, int64_t);
 // 14,336 6% slower and its backward at 1,024 tokens (59 MB of dx, which the host's L3 kept) 35%
 // slower (docs/perf/cpu.md).
 bool streams(const TV& out) {
-  return double(bytes_of(out)) > double(cpu::cpu_info().cache(cpu::CacheLevel::l3).bytes);
+  const double bytes = double(bytes_of(out)), l3 = double(cpu::cpu_info().cache(cpu::CacheLevel::l3).bytes);
+  plan::note("stream", bytes > l3, bytes, std::nextafter(l3, 2 * l3));  // Note [plan regimes]
+  return bytes > l3;
 }
 
 // Streamed stores are weakly ordered: fence them before the task ends.

@@ -21,6 +21,7 @@
 #include "backends/cpu/cpu_info.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
+#include "opforge/plan.h"
 #include "ops/linear/internal.h"
 
 namespace opforge {
@@ -164,8 +165,12 @@ void linear_16bit_gemv(const TensorView& y, const TensorView& x, const TensorVie
 void linear_cpu(const Context&, const TensorView& y, const TensorView& x, const TensorView& w,
                 const TensorView& b) {
   if (x.dtype == DType::f32) linear_f32(y, x, w, b);
-  else if (x.rows() <= gemv_max_rows(w)) linear_16bit_gemv(y, x, w, b);
-  else linear_16bit(y, x, w, b);
+  else {
+    const int64_t gemv_rows = gemv_max_rows(w);
+    plan::note("gemm", x.rows() > gemv_rows, double(x.rows()), double(gemv_rows + 1));  // Note [plan regimes]
+    if (x.rows() <= gemv_rows) linear_16bit_gemv(y, x, w, b);
+    else linear_16bit(y, x, w, b);
+  }
 }
 
 // dx = dy @ w, dw = dy^T @ x (f32 straight into the outputs; 16-bit through f32 buffers),

@@ -260,6 +260,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       t.header.op = op;
       t.header.axes = g.axes;
       t.dim_names = g.dims;
+      t.has_plan = true;
       write_table(t, path);
     }
     sum.files.push_back(path);
@@ -329,7 +330,13 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
       // Hopper): within a few percent, and the energy run no longer dominates a collection.
       extras.energy_seconds = 0.12;
       const Case c = case_at(op, job.dims);
-      harness::Result r = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
+      std::vector<plan::Decision> decisions;  // Note [plan regimes] in opforge/plan.h
+      harness::Result r;
+      {
+        plan::Recording recording;
+        r = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
+        decisions = recording.decisions();
+      }
       // Note [short points on a shared CPU]: a descheduled OpenMP thread holds a parallel region
       // for a scheduler tick (ms), which a median of a few samples does not always hide. A CPU
       // point under 2 ms is therefore measured three times and the lowest median kept.
@@ -350,6 +357,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
         row.bytes = cost.bytes;
         row.flops = cost.flops;
         if (r.energy_uj >= 0) row.energy_uj = r.energy_uj;
+        row.plan = std::move(decisions);
         append_rows(job.path, job.grid->dims, {row});
         ++sum.measured;
       }

@@ -308,6 +308,7 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
     size_t ia = 0;
     while (br[ia].kind != Bracket::inside) ++ia;
     std::vector<double> xs, ts, es;
+    std::vector<detail::PlanRef> plans;
     bool line_energy = true;
     for (const auto& [key, r] : grid) {  // sorted by key, so by axis ia among rows equal elsewhere
       bool on_line = true;
@@ -315,14 +316,16 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
       if (!on_line) continue;
       xs.push_back(double(key[ia]));
       ts.push_back(r->median_us);
+      plans.push_back(&r->plan);
       line_energy = line_energy && r->energy_uj && *r->energy_uj > 0;
       es.push_back(r->energy_uj.value_or(0));
     }
     const double x = double(q.at(axes[ia]));
     Interpolation used = interp;
-    ans.us = detail::interp_line(xs, ts, x, interp, &used);
-    if (energy && line_energy) ans.energy_uj = detail::interp_line(xs, es, x, interp);
-    line_method = fmt::format(" ({})", interpolation_name(used));
+    std::string plan_part;  // Note [plan lines] in src/perfdb/internal.h
+    ans.us = detail::interp_line_planned(xs, ts, plans, x, interp, &used, &plan_part);
+    if (energy && line_energy) ans.energy_uj = detail::interp_line_planned(xs, es, plans, x, interp);
+    line_method = fmt::format(" ({}{}{})", interpolation_name(used), plan_part.empty() ? "" : "; ", plan_part);
   }
   // Both axes inside (Note [two axes by lines]): the one-axis rule along the second axis on every
   // stored line of the first axis that brackets the query, then along the first axis through

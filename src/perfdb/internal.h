@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "opforge/perfdb.h"
 
 namespace opforge::perfdb::detail {
@@ -165,6 +167,110 @@ inline double interp_line(const std::vector<double>& xs, const std::vector<doubl
   size_t i = 0;
   while (i + 2 < xs.size() && x > xs[i + 1]) ++i;
   return log_interp(xs[i], ys[i], xs[i + 1], ys[i + 1], x);
+}
+
+// Note [plan lines]: where the rows of a line carry the kernel's plan (Note [plan regimes] in
+// opforge/plan.h), a query is answered from the rows of its own plan only:
+//   - the plan of a row is its set of (key, on) decisions; rows of equal sets form runs along
+//     the line;
+//   - both neighbours of the query in one run: the query is in that run too (a switch is
+//     monotone in the size), and the one-axis rule above runs on that run's rows alone, so no
+//     fit bends through a switch;
+//   - neighbours in different runs: the switch lies between them. For every decision that
+//     differs, its value (bytes, rows: proportional to the axis in practice) is interpolated
+//     linearly in log-log between the two neighbours' values and compared with the threshold,
+//     which places the query on one side. The answer then continues that side's run past its
+//     last row by the log-log secant of its last two rows (time proportional to the axis from a
+//     run of one row). Exact where the run follows a power law up to the switch.
+//   - no plans, or a switch that cannot be placed (a decision missing on one side, thresholds
+//     that differ, values that do not match their outcome): the rule above on the whole line.
+// On the 2-core Xeon VM the switches are one thread to two (a few tens of KiB a call), the
+// streaming stores past the L3 share, and linear's dot-product path for a few rows.
+using PlanRef = const std::vector<plan::Decision>*;
+
+inline std::vector<std::pair<std::string, bool>> plan_signature(PlanRef p) {
+  std::vector<std::pair<std::string, bool>> sig;
+  if (p)
+    for (const plan::Decision& d : *p) sig.emplace_back(d.key, d.on);
+  std::sort(sig.begin(), sig.end());
+  return sig;
+}
+
+// The query's side of the switch between rows lo and hi (x_lo < x < x_hi): -1 lo's run, +1
+// hi's, 0 when it cannot be placed.
+inline int plan_side(PlanRef lo, PlanRef hi, double x_lo, double x_hi, double x) {
+  if (!lo || !hi) return 0;
+  auto find = [](PlanRef p, const std::string& key) -> const plan::Decision* {
+    for (const plan::Decision& d : *p)
+      if (d.key == key) return &d;
+    return nullptr;
+  };
+  auto consistent = [](const plan::Decision& d) { return d.value > 0 && d.threshold > 0 && d.on == (d.value >= d.threshold); };
+  std::set<std::string> keys;
+  for (PlanRef p : {lo, hi})
+    for (const plan::Decision& d : *p) keys.insert(d.key);
+  std::vector<std::pair<std::string, bool>> query;
+  for (const std::string& k : keys) {
+    const plan::Decision *a = find(lo, k), *b = find(hi, k);
+    if (!a || !b) return 0;
+    if (a->on == b->on) {
+      query.emplace_back(k, a->on);
+      continue;
+    }
+    if (!consistent(*a) || !consistent(*b) || a->value == b->value ||
+        std::abs(a->threshold - b->threshold) > 1e-9 * a->threshold)
+      return 0;
+    query.emplace_back(k, log_interp(x_lo, a->value, x_hi, b->value, x) >= a->threshold);
+  }
+  std::sort(query.begin(), query.end());
+  if (query == plan_signature(lo)) return -1;
+  if (query == plan_signature(hi)) return 1;
+  return 0;
+}
+
+// interp_line (same arguments) by Note [plan lines]; plans[i] is row i's plan (null: none). `how`,
+// when given, receives a note on the plan's part ("" when the whole line answered).
+inline double interp_line_planned(const std::vector<double>& xs, const std::vector<double>& ys,
+                                  const std::vector<PlanRef>& plans, double x, Interpolation method,
+                                  Interpolation* used = nullptr, std::string* how = nullptr) {
+  if (how) how->clear();
+  size_t lo = 0;
+  while (lo + 2 < xs.size() && x > xs[lo + 1]) ++lo;
+  const size_t hi = lo + 1;
+  const bool planned = plans.size() == xs.size() && plans[lo] && plans[hi] && !(plans[lo]->empty() && plans[hi]->empty());
+  if (!planned) return interp_line(xs, ys, x, method, used);
+  const auto sig_lo = plan_signature(plans[lo]), sig_hi = plan_signature(plans[hi]);
+  auto run_of = [&](size_t at, const std::vector<std::pair<std::string, bool>>& sig) {
+    size_t a = at, b = at;
+    while (a > 0 && plans[a - 1] && plan_signature(plans[a - 1]) == sig) --a;
+    while (b + 1 < xs.size() && plans[b + 1] && plan_signature(plans[b + 1]) == sig) ++b;
+    return std::pair<size_t, size_t>{a, b};
+  };
+  if (sig_lo == sig_hi) {
+    const auto [a, b] = run_of(lo, sig_lo);
+    if (a == 0 && b + 1 == xs.size()) return interp_line(xs, ys, x, method, used);
+    if (how) *how = fmt::format("the {} rows of its plan", b - a + 1);
+    const std::vector<double> rx(xs.begin() + a, xs.begin() + b + 1), ry(ys.begin() + a, ys.begin() + b + 1);
+    return interp_line(rx, ry, x, method, used);
+  }
+  const int side = plan_side(plans[lo], plans[hi], xs[lo], xs[hi], x);
+  if (side == 0) {
+    if (how) *how = "across a plan switch it cannot place";
+    return interp_line(xs, ys, x, method, used);
+  }
+  const size_t end = side < 0 ? lo : hi;
+  const auto [a, b] = run_of(end, side < 0 ? sig_lo : sig_hi);
+  double slope = 1;  // log time over log axis
+  size_t other = end;
+  if (b > a) {
+    other = side < 0 ? end - 1 : end + 1;
+    slope = std::log(ys[end] / ys[other]) / std::log(xs[end] / xs[other]);
+  }
+  if (used) *used = Interpolation::log_linear;
+  if (how)
+    *how = fmt::format("past the plan switch between {} and {}: the {} row(s) of its plan continued from {}", xs[lo],
+                       xs[hi], b - a + 1, xs[end]);
+  return ys[end] * std::pow(x / xs[end], slope);
 }
 
 // Both axes inside a 2-axis grid (Note [two axes by lines] in src/perfdb/database.cpp): `lines`

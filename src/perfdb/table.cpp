@@ -18,6 +18,7 @@
 
 #include "opforge/dtype.h"
 #include "opforge/perfdb.h"
+#include "opforge/plan.h"
 #include "perfdb/internal.h"
 
 namespace opforge::perfdb {
@@ -84,12 +85,17 @@ std::string row_key(const Row& r, const std::vector<std::string>& dim_names) {
   return k;
 }
 
-std::string row_line(const Row& r, const std::vector<std::string>& dim_names) {
+std::string row_line(const Row& r, const std::vector<std::string>& dim_names, bool with_plan) {
   std::string line = r.impl + "," + r.dtype;
   for (const std::string& d : dim_names) line += "," + std::to_string(r.dims.at(d));
   line += "," + number(r.median_us) + "," + number(r.bytes) + "," + number(r.flops) + ",";
   if (r.energy_uj) line += number(*r.energy_uj);
+  if (with_plan) line += "," + plan::to_text(r.plan);
   return line + "\n";
+}
+
+bool any_plan(const std::vector<Row>& rows) {
+  return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.plan.empty(); });
 }
 
 // What write_table / append_rows accept is exactly what read_table accepts.
@@ -114,9 +120,14 @@ void check_row_for_writing(const Row& r, const std::vector<std::string>& dim_nam
   if (!(std::isfinite(r.flops) && r.flops >= 0)) bad(fmt::format("flops {} is not finite >= 0", r.flops));
   if (r.energy_uj && !(std::isfinite(*r.energy_uj) && *r.energy_uj >= 0))
     bad(fmt::format("energy_uj {} is not finite >= 0", *r.energy_uj));
+  try {
+    if (plan::parse(plan::to_text(r.plan)) != r.plan) bad("its plan does not survive writing and reading back");
+  } catch (const Error& e) {
+    bad(e.what());
+  }
 }
 
-std::string header_text(const OpTable& t) {
+std::string header_text(const OpTable& t, bool with_plan) {
   const FileHeader& h = t.header;
   std::string s = fmt::format("# opforge-perfdb {}\n", kFormatVersion);
   s += fmt::format("# system: {}\n# op: {}\n# device: {}\n# commit: {}\n# date: {}\n", h.system, h.op,
@@ -128,7 +139,7 @@ std::string header_text(const OpTable& t) {
   for (const auto& [k, v] : h.extra) s += fmt::format("# {}: {}\n", k, v);
   s += "impl,dtype";
   for (const std::string& d : t.dim_names) s += "," + d;
-  return s + ",median_us,bytes,flops,energy_uj\n";
+  return s + ",median_us,bytes,flops,energy_uj" + (with_plan ? ",plan\n" : "\n");
 }
 
 void check_table_for_writing(const OpTable& t, const std::string& path) {
@@ -164,12 +175,13 @@ void check_table_for_writing(const OpTable& t, const std::string& path) {
 void write_table(const OpTable& table, const std::string& path) {
   check_table_for_writing(table, path);
   std::set<std::string> keys;
-  std::string text = header_text(table);
+  const bool with_plan = table.has_plan || any_plan(table.rows);
+  std::string text = header_text(table, with_plan);
   for (const Row& r : table.rows) {
     check_row_for_writing(r, table.dim_names, path);
     if (!keys.insert(row_key(r, table.dim_names)).second)
       throw Error(ErrorCode::invalid_argument, fmt::format("{}: cannot write table: duplicate row {}", path, row_key(r, table.dim_names)));
-    text += row_line(r, table.dim_names);
+    text += row_line(r, table.dim_names, with_plan);
   }
   // Written next to the target and renamed over it, so that a reader never sees half a file.
   std::error_code ec;
@@ -206,7 +218,13 @@ void append_rows(const std::string& path, const std::vector<std::string>& dim_na
     check_row_for_writing(r, dim_names, path);
     if (!keys.insert(row_key(r, dim_names)).second)
       throw Error(ErrorCode::invalid_argument, fmt::format("{}: cannot append row {}: already stored", path, row_key(r, dim_names)));
-    text += row_line(r, dim_names);
+    text += row_line(r, dim_names, existing.has_plan);
+  }
+  if (!existing.has_plan && any_plan(rows)) {  // a file from before the plan column: rewritten with it
+    existing.rows.insert(existing.rows.end(), rows.begin(), rows.end());
+    existing.has_plan = true;
+    write_table(existing, path);
+    return;
   }
   std::ofstream f(path, std::ios::binary | std::ios::app);
   if (!f) throw Error(ErrorCode::io, fmt::format("{}: cannot open for appending", path));
@@ -292,11 +310,14 @@ OpTable parse_table(const std::string& content, const std::string& path) {
     if (!have_columns) {
       for (const char* k : kRequiredKeys)
         if (!seen_keys.count(k)) parse_error(fmt::format("header key '{}' missing before the column header", k));
-      const size_t lead = std::size(kLeadColumns), tail = std::size(kTailColumns);
+      const size_t lead = std::size(kLeadColumns);
+      t.has_plan = !fields.empty() && fields.back() == "plan";  // the optional last column
+      if (t.has_plan) fields.pop_back();
+      const size_t tail = std::size(kTailColumns);
       bool ok = fields.size() > lead + tail;
       for (size_t i = 0; ok && i < lead; ++i) ok = fields[i] == kLeadColumns[i];
       for (size_t i = 0; ok && i < tail; ++i) ok = fields[fields.size() - tail + i] == kTailColumns[i];
-      if (!ok) parse_error(fmt::format("expected the column header 'impl,dtype,<dims...>,median_us,bytes,flops,energy_uj', got '{}'", line));
+      if (!ok) parse_error(fmt::format("expected the column header 'impl,dtype,<dims...>,median_us,bytes,flops,energy_uj[,plan]', got '{}'", line));
       for (size_t i = lead; i < fields.size() - tail; ++i) {
         const std::string& d = fields[i];
         if (!is_name(d)) parse_error(fmt::format("bad dim name '{}' in the column header", d));
@@ -309,7 +330,7 @@ OpTable parse_table(const std::string& content, const std::string& path) {
       for (const std::string& a : t.header.axes)
         if (std::find(t.dim_names.begin(), t.dim_names.end(), a) == t.dim_names.end())
           fail(ErrorCode::parse, path, seen_keys["axes"], fmt::format("axis '{}' is not one of the columns", a));
-      ncols = fields.size();
+      ncols = fields.size() + (t.has_plan ? 1 : 0);
       have_columns = true;
       continue;
     }
@@ -342,6 +363,13 @@ OpTable parse_table(const std::string& content, const std::string& path) {
       double e = 0;
       if (!parse_double(v, e) || e < 0) parse_error(fmt::format("energy_uj must be empty or a finite number >= 0, got '{}'", v));
       r.energy_uj = e;
+    }
+    if (t.has_plan) {
+      try {
+        r.plan = plan::parse(trim(fields[col + 1]));
+      } catch (const Error& e) {
+        parse_error(e.what());
+      }
     }
     std::string key = row_key(r, t.dim_names);
     if (auto it = seen_rows.find(key); it != seen_rows.end())

@@ -99,13 +99,15 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
                   [&](const Row* a, const Row* b) { return a->dims.at(axis) < b->dims.at(axis); });
         for (size_t i = 1; i + 1 < line.size(); ++i) {
           std::vector<double> xs, ys;
+          std::vector<detail::PlanRef> plans;
           for (size_t j = 0; j < line.size(); ++j) {
             if (j == i) continue;
             xs.push_back(double(line[j]->dims.at(axis)));
             ys.push_back(line[j]->median_us);
+            plans.push_back(&line[j]->plan);
           }
           const double x = double(line[i]->dims.at(axis));
-          chosen.add(detail::interp_line(xs, ys, x, db.interpolation()), *line[i], t, axis);
+          chosen.add(detail::interp_line_planned(xs, ys, plans, x, db.interpolation()), *line[i], t, axis);
           plain.add(detail::interp_line(xs, ys, x, Interpolation::log_linear), *line[i], t, axis);
         }
         if (line.size() < 2) continue;

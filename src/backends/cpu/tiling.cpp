@@ -1,5 +1,7 @@
 #include "backends/cpu/tiling.h"
 
+#include "opforge/plan.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -53,16 +55,24 @@ int64_t min_parallel_bytes() {
 
 bool single_thread_call(double bytes) {
   const int threads = max_threads();
-  return threads <= 1 || bytes < double(threads) * double(min_parallel_bytes());
+  if (threads <= 1) return true;
+  const double threshold = double(threads) * double(min_parallel_bytes());
+  plan::note("threads", bytes >= threshold, bytes, threshold);  // Note [plan regimes]
+  return bytes < threshold;
 }
 
 RowTasks balanced(RowTasks tasks) {
   const int64_t n = tasks.count();
   const int threads = max_threads();
-  if (n == 0 || tasks.rows <= 1 || threads <= 1) return tasks;
-  if (n == 1 && (tasks.bytes_per_row <= 0 ||
-                 single_thread_call(double(tasks.rows) * double(tasks.bytes_per_row))))
+  if (n == 0 || threads <= 1) return tasks;
+  const double bytes = double(tasks.rows) * double(tasks.bytes_per_row);
+  const double threshold = double(threads) * double(min_parallel_bytes());
+  if (tasks.rows <= 1) {  // one row: nothing to split (Note [plan regimes]: the one-thread plan)
+    if (tasks.bytes_per_row > 0) plan::note("threads", false, bytes, threshold);
     return tasks;
+  }
+  if (n == 1 && (tasks.bytes_per_row <= 0 || single_thread_call(bytes))) return tasks;
+  if (n > 1 && tasks.bytes_per_row > 0) plan::note("threads", true, bytes, threshold);  // every thread, whatever the bytes
   const int64_t want = ceil_div(n, threads) * threads;
   tasks.rows_per_task = std::max<int64_t>(1, ceil_div(tasks.rows, want));
   return tasks;
@@ -81,12 +91,16 @@ int64_t stream_bytes() {
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs) {
   double out_bytes = 0;
   for (const TensorView* t : outputs) out_bytes += double(t->rows()) * double(t->row_stride() * t->itemsize());
-  if (bytes_moved <= double(cpu_info().l3.bytes) && out_bytes <= double(stream_bytes())) return false;
+  // Note [plan regimes]: the share decides in the database's terms (outputs over stream_bytes());
+  // a call over the whole L3 streams whatever its outputs, noted as over the share too.
+  const bool big = bytes_moved > double(cpu_info().l3.bytes) || out_bytes > double(stream_bytes());
+  bool aligned = true;
   for (const TensorView* t : outputs) {
-    if (reinterpret_cast<uintptr_t>(t->data) % 64 != 0) return false;
-    if ((t->row_stride() * t->itemsize()) % 64 != 0) return false;
+    aligned = aligned && reinterpret_cast<uintptr_t>(t->data) % 64 == 0;
+    aligned = aligned && (t->row_stride() * t->itemsize()) % 64 == 0;
   }
-  return true;
+  if (aligned) plan::note("stream", big, out_bytes, double(stream_bytes()));
+  return big && aligned;
 }
 
 }  // namespace opforge::cpu
