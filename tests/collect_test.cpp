@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
+#include "backends/cpu/cpu_info.h"
 #include "harness/instance.h"
 #include "opforge/collect.h"
 #include "opforge/perfdb.h"
@@ -227,6 +229,7 @@ perfdb::CollectOptions tiny_collection(const std::string& root, std::vector<Dims
   o.points["gemma_rms_norm"] = std::move(points);
   o.progress = false;
   o.harness = fast_options();
+  o.samples = 1;  // not the CPU default of Note [samples on a shared CPU]: a fast test
   o.notice = [](const std::string&) {};
   o.copy_gbps = 10;  // the ceilings are the collector's to measure; given here to keep the test fast
   o.gemm_gflops = 50;
@@ -270,6 +273,15 @@ TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
     const Cost c = perfdb::cost_at("rms_norm", "bf16", r.dims);
     EXPECT_EQ(r.bytes, c.bytes);
     EXPECT_FALSE(r.energy_uj.has_value());  // no power sampling on the CPU
+  }
+  // The kernels' plans are stored (Note [plan regimes]): the cpu rms_norm notes its thread
+  // decision at every point (its streaming one only for rows of whole 64-byte lines).
+  EXPECT_TRUE(t.has_plan);
+  for (const perfdb::Row& r : t.rows) {
+    if (r.impl != "cpu") continue;
+    std::set<std::string> keys;
+    for (const plan::Decision& d : r.plan) keys.insert(d.key);
+    if (cpu::cpu_info().threads > 1) EXPECT_TRUE(keys.count("threads")) << plan::to_text(r.plan);
   }
 
   // A file from another device: an error that says what to do, and the file is left alone.

@@ -20,7 +20,7 @@ void add_collect(CLI::App& app, int& status) {
     std::string system, grid = "quick", device = "cpu", dtype = "bf16", root;
     std::vector<std::string> impls, ops, models, ranges;
     std::vector<int64_t> tp;
-    int samples = 5;
+    int samples = 0;  // 0: the device's default (perfdb::CollectOptions::samples)
     bool dry_run = false;
   };
   auto f = std::make_shared<Flags>();
@@ -35,7 +35,8 @@ void add_collect(CLI::App& app, int& status) {
   cmd->add_option("--tp", f->tp, "only these tensor-parallel degrees; repeatable");
   cmd->add_option("--range", f->ranges,
                   "only points with dim NAME in [LO, HI], as NAME=LO:HI (e.g. tokens=1:4096); repeatable");
-  cmd->add_option("--samples", f->samples, "minimum timed samples per point")->check(CLI::Range(1, 1000));
+  cmd->add_option("--samples", f->samples, "timed samples per point (default: 400 on the CPU, 5 on a GPU)")
+      ->check(CLI::Range(1, 1000));
   cmd->add_flag("--dry-run", f->dry_run, "measure the ceilings and list what would be measured; write nothing");
   cmd->callback([f, &status] {
     const Registry& reg = global_registry();
@@ -73,8 +74,7 @@ void add_collect(CLI::App& app, int& status) {
     o.ops = f->ops;
     o.dry_run = f->dry_run;
     o.progress = isatty(2);
-    o.harness.perf_min_samples = f->samples;
-    o.harness.perf_max_samples = std::max(f->samples, o.harness.perf_max_samples);
+    o.samples = f->samples;
     for (const std::string& impl : o.impls) {
       bool known = false;
       for (const OpEntry* op : reg.ops())

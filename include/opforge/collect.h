@@ -74,6 +74,9 @@ struct CollectOptions {
   double copy_gbps = 0;              // > 0: use as the copy ceiling instead of measuring it
   double gemm_gflops = 0;            // > 0: use as the GEMM ceiling instead of measuring it              // measure the ceilings, list what would run, write nothing
   harness::Options harness;          // sample bounds of the perf timing
+  // Timed samples per point; 0: the device's default (Note [samples on a shared CPU] in
+  // src/perfdb/collect.cpp: kCpuSamples on the CPU, harness.perf_min_samples on a GPU).
+  int samples = 0;
   // Where notices go (default: stderr, one line each).
   std::function<void(const std::string&)> notice;
 };

@@ -12,13 +12,16 @@
 //   # ceiling_gbps: 23.8                      copy bandwidth measured in the same run
 //   # ceiling_gflops: 180.5                   dense-GEMM peak measured in the same run (0: none)
 //   # axes: tokens                            the interpolation axes (1 or 2 dims, see below)
-//   impl,dtype,<dim>...,median_us,bytes,flops,energy_uj
-//   cpu,bf16,1,4096,0.91,16392,24576,
+//   impl,dtype,<dim>...,median_us,bytes,flops,energy_uj,plan
+//   cpu,bf16,1,4096,0.91,16392,24576,,stream-8192/67108864;threads-24576/65536
 //   ...
 //
 // Columns after `dtype` up to `median_us` are the op's grid dims (integers, named in the column
 // header; perfdb::op_dims lists them per op). `bytes` and `flops` are the op's cost model at that
-// point; `energy_uj` (micro-joules per call) is empty when power was not sampled.
+// point; `energy_uj` (micro-joules per call) is empty when power was not sampled. `plan` (an
+// optional last column; files collected before it have none) holds the decisions the kernel
+// noted at that point, key+value/threshold or key-value/threshold separated by ';' (Note [plan
+// regimes] in opforge/plan.h); empty when it noted none.
 //
 // Query rule (Database::query):
 //   - impl "auto" answers with the fastest impl that can answer; any other impl must match exactly.
@@ -34,7 +37,9 @@
 //                   neighbours, log(time) linear in log(axis) between the two neighbouring stored
 //                   values. All pass through the stored points, reproduce a power law exactly and
 //                   stay between the neighbours' times on monotone data; the first two follow the
-//                   bend of a launch floor into a bandwidth slope. On two axes
+//                   bend of a launch floor into a bandwidth slope. Where the rows carry plans,
+//                   only the rows of the query's plan take part, and a query past a plan switch
+//                   continues its side's rows (Note [plan lines] in src/perfdb/internal.h). On two axes
 //                   both inside (the four corners must all be stored): the one-axis rule along
 //                   the second axis on every stored line of the first that brackets the query,
 //                   then along the first (Note [two axes by lines] in src/perfdb/database.cpp);

@@ -72,6 +72,7 @@ std::vector<Decision> parse(const std::string& text) {
       bad(fmt::format("'{}' is not a finite number", s));
     return v;
   };
+  if (!text.empty() && text.back() == ';') bad("it ends in ';'");
   size_t start = 0;
   while (start < text.size()) {
     size_t stop = text.find(';', start);
