@@ -26,8 +26,9 @@ std::vector<double> rope_table(int64_t rows, int64_t half, bool sine) {
   return v;
 }
 
-// vLLM's cache layout: row p = [cos(p f_0..), sin(p f_0..)].
-std::vector<double> cos_sin_cache_values(int64_t max_pos, int64_t rotary_dim) {
+}  // namespace
+
+std::vector<double> rope_cos_sin_cache(int64_t max_pos, int64_t rotary_dim) {
   const int64_t half = rotary_dim / 2;
   std::vector<double> c = rope_table(max_pos, half, false), s = rope_table(max_pos, half, true);
   std::vector<double> v(size_t(max_pos * rotary_dim));
@@ -38,6 +39,8 @@ std::vector<double> cos_sin_cache_values(int64_t max_pos, int64_t rotary_dim) {
     }
   return v;
 }
+
+namespace {
 
 TensorInit values_tensor(Shape shape, std::vector<double> values) {
   TensorInit t;
@@ -77,7 +80,7 @@ Case embedding_case(bool backward, std::string label, CaseGroup group, const Emb
   c.args.push_back({backward ? "dquery" : "query", rows_tensor({s.tokens, s.n_q * s.head_size}, s.pad)});
   c.args.push_back({backward ? "dkey" : "key", rows_tensor({s.tokens, s.n_kv * s.head_size}, s.pad)});
   c.args.push_back({"cos_sin_cache", values_tensor({max_pos, s.rotary_dim},
-                                                   cos_sin_cache_values(max_pos, s.rotary_dim))});
+                                                   rope_cos_sin_cache(max_pos, s.rotary_dim))});
   c.args.push_back({"head_size", Value(s.head_size)});
   c.args.push_back({"is_neox", Value(s.neox)});
   return c;

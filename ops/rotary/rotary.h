@@ -12,10 +12,20 @@
 // its transpose for any cos and sin, so the backward ops are the forward ones with sin negated.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "opforge/op.h"
 #include "opforge/registry.h"
 
 namespace opforge {
+
+// A RoPE cache in vLLM's layout (base 10000): row p = [cos(p f_0 ..), sin(p f_0 ..)], f_i =
+// 10000^(-2i / rotary_dim), for the harness's cases and the perf grid. Every pair's rotation
+// keeps its length, so calls repeated in place on the same query and key (timing) leave their
+// values where they were; a random cache would shrink or grow them call by call into
+// subnormals or infinities, which run at another speed.
+std::vector<double> rope_cos_sin_cache(int64_t max_pos, int64_t rotary_dim);
 
 struct RotaryEmbedding {
   static constexpr const char* name = "rotary_embedding";

@@ -29,6 +29,7 @@
 #include "opforge/collect.h"
 #include "opforge/perfdb.h"
 #include "opforge/registry.h"
+#include "ops/rotary/rotary.h"
 #include "perfdb/collect_internal.h"
 
 namespace opforge::perfdb {
@@ -183,7 +184,11 @@ Case case_at(const std::string& op, const Dims& dims) {
     add(c, "positions", integers(Shape{tokens}, 0, double(max_pos), DType::i64));
     add(c, "query", floating(Shape{tokens, d("q_heads") * hs}));
     add(c, "key", floating(Shape{tokens, d("kv_heads") * hs}));
-    add(c, "cos_sin_cache", floating(Shape{max_pos, hs}));
+    TensorInit cache;  // a real RoPE cache: in-place calls keep their values (see ops/rotary/rotary.h)
+    cache.shape = Shape{max_pos, hs};
+    cache.fill = Fill::values;
+    cache.values = rope_cos_sin_cache(max_pos, hs);
+    add(c, "cos_sin_cache", cache);
     add(c, "head_size", Value(hs));
   } else if (op == "linear") {
     add(c, "x", floating(Shape{d("tokens"), d("k")}));
