@@ -281,7 +281,9 @@ TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
     if (r.impl != "cpu") continue;
     std::set<std::string> keys;
     for (const plan::Decision& d : r.plan) keys.insert(d.key);
-    if (cpu::cpu_info().threads > 1) EXPECT_TRUE(keys.count("threads")) << plan::to_text(r.plan);
+    if (cpu::cpu_info().threads > 1) {
+      EXPECT_TRUE(keys.count("threads")) << plan::to_text(r.plan);
+    }
   }
 
   // A file from another device: an error that says what to do, and the file is left alone.
