@@ -236,7 +236,9 @@ TEST(ActivationFamilyCpu, InfinitiesMatchTheReference) {
           const double w = at(want, i), g = at(got, i);
           if (std::isnan(w) || std::isinf(w)) {
             EXPECT_EQ(std::isnan(g), std::isnan(w)) << "input " << gates[size_t(i)] << ": " << g << " vs " << w;
-            if (std::isinf(w)) EXPECT_EQ(g, w) << "input " << gates[size_t(i)];
+            if (std::isinf(w)) {
+              EXPECT_EQ(g, w) << "input " << gates[size_t(i)];
+            }
           } else {
             EXPECT_NEAR(g, w, 1e-2 * std::abs(w) + 1e-6) << "input " << gates[size_t(i)];
           }

@@ -136,7 +136,9 @@ TEST(CrossEntropyWithGrad, AllRowsIgnored) {
     const Tensor dloss = test_util::tensor(Shape{1}, DType::f32, {1});
     cross_entropy_with_grad_cpu(kCtx, out.loss, out.lse, out.dlogits, logits, ids({-100, -100, -100}), dloss, -100,
                                 0, 0, 0, reduction);
-    if (std::string(reduction) == "mean") EXPECT_TRUE(std::isnan(test_util::at(out.loss, 0)));
+    if (std::string(reduction) == "mean") {
+      EXPECT_TRUE(std::isnan(test_util::at(out.loss, 0)));
+    }
     else EXPECT_EQ(test_util::at(out.loss, 0), 0.0);
     for (int64_t i = 0; i < 3 * 40; ++i) EXPECT_EQ(test_util::at(out.dlogits.view, i), 0.0) << i;
     EXPECT_TRUE(std::isfinite(test_util::at(out.lse, 1)));  // lse is written for every row

@@ -335,6 +335,42 @@ TEST(CudaKernels, SiluAndMulMatchesReference) {
         for (bool backward : {false, true}) check_silu(t, s, vec, backward);
 }
 
+// ---- launches back to back (Note [programmatic launch]) ---------------------------------------
+// Eight rms_norm calls and a silu_and_mul, each reading what the one before wrote, launched on one
+// stream without a host synchronization between them: every kernel waits for the one before (a
+// kernel that touched memory before its prologue would read the poisoned buffers or the previous
+// step's values).
+TEST(CudaKernels, BackToBackLaunchesReadTheWritesBeforeThem) {
+  REQUIRE_CUDA();
+  for (DType t : kDTypes)
+    for (bool vec : {false, true}) {
+      void* stream = cuda_create_stream(0);
+      const Context ctx{kGpu, Stream{stream}};
+      const int64_t rows = 300, cols = 4096;
+      Buf x = make_buf(rows, cols, t, Fill::normal_outliers, 21);
+      Buf w = make_buf(-1, cols, t, Fill::positive, 22);
+      Buf step[2] = {poisoned_like(x), poisoned_like(x)};
+      Buf want[2] = {poisoned_like(x), poisoned_like(x)};
+      Buf out = make_buf(rows, cols / 2, t, Fill::nan, 0), want_out = make_buf(rows, cols / 2, t, Fill::nan, 0);
+      auto norm = vec ? rms_norm_cuda_vec16 : rms_norm_cuda;
+      const Buf* in = &x;
+      for (int i = 0; i < 8; ++i) {
+        rms_norm_reference(kCpuCtx, want[i % 2].host_view(), i == 0 ? x.host_view() : want[(i + 1) % 2].host_view(),
+                           w.host_view(), 1e-6, 0.0);
+        norm(ctx, step[i % 2].dev_view(), in->dev_view(), w.dev_view(), 1e-6, 0.0);
+        in = &step[i % 2];
+      }
+      silu_and_mul_reference(kCpuCtx, want_out.host_view(), want[1].host_view());
+      (vec ? silu_and_mul_cuda_vec16 : silu_and_mul_cuda)(ctx, out.dev_view(), step[1].dev_view());
+      cuda_destroy_stream(0, stream);  // waits for the stream
+      step[1].download();
+      out.download();
+      const std::string what = std::string(dtype_name(t)) + (vec ? " vec16" : " scalar");
+      expect_close(step[1], want[1], "eighth rms_norm, " + what);
+      expect_close(out, want_out, "silu_and_mul after it, " + what);
+    }
+}
+
 // ---- predicates -----------------------------------------------------------------------------------
 // Predicates look at views only: host buffers stand in for device ones (runs without a GPU).
 TEST(CudaKernels, Vec16PredicatesExplainRejections) {

@@ -13,6 +13,7 @@
 
 #include "opforge/perfdb.h"
 #include "perfdb/internal.h"
+#include "tests/perfdb_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace opforge;
@@ -23,46 +24,13 @@ namespace {
 // The quick grid's token axis: neighbours 4x apart at small sizes, 2x above 128.
 const std::vector<int64_t> kQuick = {1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096};
 
-class Folder {
- public:
-  Folder() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("opforge_perfdb_interp_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-  }
-  ~Folder() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+struct Folder : test_util::ScratchFolder {
+  Folder() : ScratchFolder("perfdb_interp_test") {}
 };
 
 // An rms_norm table on `tokens` at hidden 4096, t = f(tokens), bytes 4 * tokens * hidden.
 OpTable curve_table(const std::function<double(double)>& f, const std::vector<int64_t>& tokens = kQuick) {
-  OpTable t;
-  t.header.system = "sysI";
-  t.header.op = "rms_norm";
-  t.header.device = "test device";
-  t.header.commit = "abc1234";
-  t.header.date = "2026-11-26";
-  t.header.ceiling_gbps = 20;
-  t.header.axes = {"tokens"};
-  t.dim_names = {"tokens", "hidden"};
-  for (int64_t tok : tokens) {
-    Row r;
-    r.impl = "cpu";
-    r.dtype = "bf16";
-    r.dims = {{"tokens", tok}, {"hidden", 4096}};
-    r.median_us = f(double(tok));
-    r.bytes = 4.0 * double(tok) * 4096;
-    t.rows.push_back(r);
-  }
-  return t;
+  return test_util::rms_norm_line("sysI", tokens, f);
 }
 
 Database load(const Folder& dir, const OpTable& t) {

@@ -21,6 +21,7 @@
 #include "opforge/tensor.h"
 #include "backends/cpu/cpu_info.h"
 #include "perfdb/internal.h"
+#include "tests/perfdb_test_util.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -28,15 +29,6 @@ using namespace opforge;
 using namespace opforge::perfdb;
 
 namespace {
-
-std::string temp_dir() {
-  static std::atomic<int> counter{0};
-  fs::path p = fs::temp_directory_path() /
-               ("opforge_perfdb_plan_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
 
 ErrorCode code_of(const std::function<void()>& f) {
   try {
@@ -57,26 +49,7 @@ std::vector<plan::Decision> step_plan(double x) {
 }
 
 OpTable step_table(const std::vector<int64_t>& tokens, bool with_plans, const std::string& system = "sysP") {
-  OpTable t;
-  t.header.system = system;
-  t.header.op = "rms_norm";
-  t.header.device = "test device";
-  t.header.commit = "abc1234";
-  t.header.date = "2026-11-27";
-  t.header.ceiling_gbps = 20;
-  t.header.axes = {"tokens"};
-  t.dim_names = {"tokens", "hidden"};
-  for (int64_t tok : tokens) {
-    Row r;
-    r.impl = "cpu";
-    r.dtype = "bf16";
-    r.dims = {{"tokens", tok}, {"hidden", 4096}};
-    r.median_us = step_time(double(tok));
-    r.bytes = 4.0 * double(tok) * 4096;
-    if (with_plans) r.plan = step_plan(double(tok));
-    t.rows.push_back(r);
-  }
-  return t;
+  return test_util::rms_norm_line(system, tokens, step_time, with_plans ? step_plan : nullptr);
 }
 
 const std::vector<int64_t> kLine = {1, 2, 4, 8, 16, 32, 48, 64, 128};
@@ -115,7 +88,8 @@ TEST(PerfdbPlan, RecordingKeepsDistinctNotesOfThisThreadOnly) {
 }
 
 TEST(PerfdbPlan, TableWritesReadsAndUpgradesThePlanColumn) {
-  const std::string dir = temp_dir();
+  test_util::ScratchFolder folder("perfdb_plan_test");
+  const std::string dir = folder.str();
   const std::string path = dir + "/rms_norm.csv";
   OpTable t = step_table({1, 32}, true);
   write_table(t, path);
@@ -154,7 +128,6 @@ TEST(PerfdbPlan, TableWritesReadsAndUpgradesThePlanColumn) {
     EXPECT_EQ(e.code(), ErrorCode::parse);
     EXPECT_NE(std::string(e.what()).find("broken.csv:"), std::string::npos) << e.what();
   }
-  fs::remove_all(dir);
 }
 
 TEST(PerfdbPlan, CpuKernelNotesItsThreadDecision) {
@@ -204,7 +177,9 @@ TEST(PerfdbPlan, InterpolatesWithinOnePlan) {
     const double planned = perfdb::detail::interp_line_planned(xs, ys, plans, x, Interpolation::floor_power, nullptr, &how);
     EXPECT_NEAR(planned / step_time(x), 1.0, 1e-9) << x << ": " << how;
     EXPECT_FALSE(how.empty()) << x;
-    if (x > 16 && x < 32) EXPECT_NE(how.find("past the plan switch between 16 and 32"), std::string::npos) << how;
+    if (x > 16 && x < 32) {
+      EXPECT_NE(how.find("past the plan switch between 16 and 32"), std::string::npos) << how;
+    }
   }
   // The whole line bends through the switch: off by a lot beside it.
   EXPECT_GT(std::abs(perfdb::detail::interp_line(xs, ys, 24, Interpolation::floor_power) / step_time(24) - 1), 0.2);
@@ -224,7 +199,8 @@ TEST(PerfdbPlan, InterpolatesWithinOnePlan) {
 }
 
 TEST(PerfdbPlan, QueriesAndLeaveOneOutUseThePlans) {
-  const std::string dir = temp_dir();
+  test_util::ScratchFolder folder("perfdb_plan_test");
+  const std::string dir = folder.str();
   write_table(step_table(kLine, true), dir + "/sysP/rms_norm.csv");
   Database db = Database::load("sysP", dir);
   Answer a = db.query("rms_norm", "cpu", "bf16", {{"tokens", 24}, {"hidden", 4096}});
@@ -238,5 +214,4 @@ TEST(PerfdbPlan, QueriesAndLeaveOneOutUseThePlans) {
   write_table(step_table(kLine, false, "sysQ"), dir + "/sysQ/rms_norm.csv");
   ValidationRow plain = leave_one_out(Database::load("sysQ", dir)).at(0);
   EXPECT_GT(plain.max_rel_err, 0.2);
-  fs::remove_all(dir);
 }

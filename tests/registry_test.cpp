@@ -182,7 +182,9 @@ TEST_F(Fixture, DumpJsonListsKernelsWithSelection) {
   int selected = 0;
   for (const auto& k : op["kernels"]) {
     selected += k["selected"].get<bool>();
-    if (k["impl"] == "fast") EXPECT_TRUE(k["selected"].get<bool>());
+    if (k["impl"] == "fast") {
+      EXPECT_TRUE(k["selected"].get<bool>());
+    }
     if (k["impl"] == "exotic") {
       EXPECT_FALSE(k["available"].get<bool>());
       EXPECT_EQ(k["reason"], "needs hardware this machine lacks");

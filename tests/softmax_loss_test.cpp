@@ -245,7 +245,9 @@ TEST(SoftmaxCpu, MaskedPrefixMatchesReference) {
     kernel.second(kCtx, want, x);
     for (int64_t i = 0; i < 2 * n; ++i) {
       const double g = value(got, i), w = value(want, i);
-      if (std::isinf(w)) EXPECT_EQ(g, w) << i;
+      if (std::isinf(w)) {
+        EXPECT_EQ(g, w) << i;
+      }
       else EXPECT_NEAR(g, w, 1e-5 * (1 + std::fabs(w))) << i;
     }
   }

@@ -17,7 +17,8 @@
 //  Launch shape: 2-D blocks of 256 threads, x over column units of a row (up to 256, a power of
 //  two), y over rows, so short rows still fill a block; the grid's y is capped at 65535 and the
 //  kernel strides over the remaining rows. int64 row offsets (row * row_stride), so 2^31 elements
-//  and more index correctly. One launch on ctx.stream, no host synchronization, no allocation.
+//  and more index correctly. One launch on ctx.stream, no host synchronization, no allocation,
+//  programmatic (Note [programmatic launch] in cuda_launch.cuh).
 //
 // Aliasing: each thread reads all of its inputs before writing its outputs, at the same columns,
 // so dx may alias x exactly in the backward kernels.
@@ -92,6 +93,7 @@ __device__ __forceinline__ void unit(const Args<T>& p, int64_t row, int64_t col)
 
 template <class T, bool kVec, bool kBackward>
 __global__ void __launch_bounds__(256) silu_and_mul_kernel(Args<T> p) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = p.d / width;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -108,8 +110,8 @@ template <class T, bool kVec, bool kBackward> void launch(const Context& ctx, co
   const int by = 256 / bx;
   const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
   const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-  silu_and_mul_kernel<T, kVec, kBackward><<<grid, dim3(bx, by), 0, stream_of(ctx)>>>(p);
-  check_launch(kBackward ? "silu_and_mul_backward kernel launch" : "silu_and_mul kernel launch");
+  launch_programmatic(ctx, kBackward ? "silu_and_mul_backward kernel launch" : "silu_and_mul kernel launch",
+                      silu_and_mul_kernel<T, kVec, kBackward>, grid, dim3(bx, by), 0, p);
 }
 
 int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }

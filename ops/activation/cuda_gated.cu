@@ -25,7 +25,8 @@
 //  Launch shape: 2-D blocks of 256 threads, x over column units of a row (up to 256, a power of
 //  two), y over rows, so short rows still fill a block; grid y capped at 65535 with a row stride
 //  loop. int64 offsets (row * row_stride), so 2^31 elements and more index correctly. One launch on
-//  the Context's stream, no host synchronization, no allocation.
+//  the Context's stream, no host synchronization, no allocation, programmatic (Note [programmatic
+//  launch] in cuda_launch.cuh).
 // Aliasing: each thread reads all its inputs before writing its outputs at the same columns, so
 // dx may alias x exactly.
 #include <algorithm>
@@ -162,6 +163,7 @@ __device__ __forceinline__ void unit(const Args<T>& p, const G& gate, int64_t ro
 
 template <class T, class G, bool kVec, bool kBackward>
 __global__ void __launch_bounds__(256) gated_kernel(Args<T> p, G gate) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = p.d / width;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -195,8 +197,7 @@ void run(const Context& ctx, const char* op, const G& gate, const TensorView& ou
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    gated_kernel<T, G, kVec, kBackward><<<grid, dim3(bx, by), 0, stream_of(ctx)>>>(p, g);
-    check_launch(op);
+    launch_programmatic(ctx, op, gated_kernel<T, G, kVec, kBackward>, grid, dim3(bx, by), 0, p, g);
   });
 }
 

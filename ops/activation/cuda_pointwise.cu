@@ -18,7 +18,7 @@
 //  Launch shape as the gated kernels (cuda_gated.cu): 2-D blocks of 256 threads, x over column
 //  units of a row (up to 256, a power of two), y over rows, grid y capped at 65535 with a row
 //  stride loop. int64 offsets (row * row_stride + column). One launch on ctx.stream, no host
-//  synchronization, no allocation.
+//  synchronization, no allocation, programmatic (Note [programmatic launch] in cuda_launch.cuh).
 //
 // Aliasing: each thread reads all its inputs before it writes its outputs, at the same columns,
 // so the pointwise in-place forms (y = x, dx = dy) are safe; swigluoai's outputs overlap no input
@@ -116,6 +116,7 @@ __device__ __forceinline__ void unit(const Args<T>& p, const F& f, int64_t row, 
 
 template <class T, class F, Layout L, bool kVec, bool kBackward>
 __global__ void __launch_bounds__(256) pointwise_kernel(Args<T> p, F f) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = p.n / width;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -149,8 +150,7 @@ void run(const Context& ctx, const char* op, const F& f, const TensorView& out,
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    pointwise_kernel<T, F, L, kVec, kBackward><<<grid, dim3(bx, by), 0, stream_of(ctx)>>>(p, f);
-    check_launch(op);
+    launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward>, grid, dim3(bx, by), 0, p, f);
   });
 }
 

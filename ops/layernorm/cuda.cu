@@ -26,7 +26,8 @@
 //    second launch sums each column's G partials in a fixed order and rounds once. No atomics:
 //    the bits depend only on the inputs, the SM count and the block size.
 //  f32 arithmetic, int64 row offsets (row * row_stride), launches on ctx.stream, no host
-//  synchronization; the workspace is allocated only on the first call with a larger shape.
+//  synchronization; the workspace is allocated only on the first call with a larger shape. The
+//  forward kernels are launched programmatically (Note [programmatic launch] in cuda_launch.cuh).
 //
 // Aliasing: y may alias x exactly. Every element is read and then written by the same thread (the
 // same pack slot in vec16, the same column in every pass of the scalar kernel), and a row's
@@ -89,6 +90,7 @@ template <int R> __device__ __forceinline__ void rows_sum(float (&v)[R], int thr
 template <class T>
 __global__ void __launch_bounds__(512) layer_norm_rows_kernel(FwdArgs<T> a) {
   __shared__ float scratch[32];
+  programmatic_prologue();  // Note [programmatic launch]
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // block-uniform
     const T* x = a.x + row * a.x_stride;
     float sum = 0.0f;
@@ -123,6 +125,7 @@ __global__ void __launch_bounds__(R == 1 ? kFwdMaxThreads : 512, R == 1 ? 1 : 2)
   const int slots = blockDim.x / threads;
   const int t = threadIdx.x % threads;
   const bool has_b = a.b != nullptr;
+  programmatic_prologue();  // Note [programmatic launch]
   Pack<T> wp[K], bp[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -369,11 +372,10 @@ __global__ void __launch_bounds__(kBwdMaxThreads) layer_norm_bwd_vec_kernel(BwdA
 
 // ---- launchers -------------------------------------------------------------------------------------
 template <class T> void launch_forward(const Context& ctx, const FwdArgs<T>& a, bool vec) {
-  cudaStream_t stream = stream_of(ctx);
   if (!vec) {
     const int block = int(std::min<int64_t>(512, std::max<int64_t>(32, (a.hidden + 31) / 32 * 32)));
-    layer_norm_rows_kernel<T><<<grid_for(a.rows, 1), block, 0, stream>>>(a);
-    check_launch("layer_norm_cuda kernel launch");
+    launch_programmatic(ctx, "layer_norm_cuda kernel launch", layer_norm_rows_kernel<T>,
+                        dim3(grid_for(a.rows, 1)), dim3(block), 0, a);
     return;
   }
   const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kFwdMaxThreads, 256);
@@ -385,10 +387,10 @@ template <class T> void launch_forward(const Context& ctx, const FwdArgs<T>& a, 
   const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
   const bool two = a.rows >= 4 * sms && s.k == 1 && s.rows_per_block == 1 && s.block <= 512;
   const unsigned grid = grid_for(a.rows, int64_t(s.rows_per_block) * (two ? 2 : 1));
-  if (two) layer_norm_vec_kernel<T, 1, 2><<<grid, s.block, 0, stream>>>(a, s.threads);
-  else if (s.k == 1) layer_norm_vec_kernel<T, 1, 1><<<grid, s.block, 0, stream>>>(a, s.threads);
-  else layer_norm_vec_kernel<T, 2, 1><<<grid, s.block, 0, stream>>>(a, s.threads);
-  check_launch("layer_norm_cuda_vec16 kernel launch");
+  auto* kernel = two ? layer_norm_vec_kernel<T, 1, 2>
+                : s.k == 1 ? layer_norm_vec_kernel<T, 1, 1> : layer_norm_vec_kernel<T, 2, 1>;
+  launch_programmatic(ctx, "layer_norm_cuda_vec16 kernel launch", kernel, dim3(grid), dim3(s.block), 0, a,
+                      s.threads);
 }
 
 // The fixed chunking of the dw / db partials: G blocks of consecutive rows, G at most the blocks

@@ -49,7 +49,8 @@
 //  - Predicate: f32/f16/bf16; hidden a multiple of the pack and at most 1024 packs; dx, dy, x rows
 //    16-byte aligned (base and row stride); w contiguous and 16-byte aligned.
 //
-// Both: f32 arithmetic, int64 row offsets (row * row_stride), launches on ctx.stream, no host
+// Both: f32 arithmetic, int64 row offsets (row * row_stride), launches on ctx.stream (the forward
+// programmatic: Note [programmatic launch] in cuda_launch.cuh), no host
 // synchronization; the backward's workspace is allocated only on the first call with a larger
 // shape. y may alias x exactly in the forward: every element is read into registers by the thread
 // that later writes it. The backward outputs overlap no input (its check).
@@ -136,6 +137,7 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArg
   const int t = threadIdx.x, threads = blockDim.x;
   const float inv_h = 1.0f / float(a.hidden);
   const bool has_b = a.b != nullptr;
+  programmatic_prologue();  // Note [programmatic launch]
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // block-uniform
     const T* x = a.x + row * a.x_stride;
     Pack<T> xp[K];
@@ -198,7 +200,8 @@ int fwd_k(int64_t n_packs, int max_k) {
 
 template <class T, int K> void launch_fwd_k(const Context& ctx, const FwdArgs<T>& a, int64_t n_packs) {
   const int threads = int((n_packs + K - 1) / K + 31) / 32 * 32;
-  layer_norm_rowblock_kernel<T, K><<<grid_for(a.rows, 1), threads, 0, stream_of(ctx)>>>(a);
+  launch_programmatic(ctx, "layer_norm_cuda_vec16_rowblock kernel launch", layer_norm_rowblock_kernel<T, K>,
+                      dim3(grid_for(a.rows, 1)), dim3(threads), 0, a);
 }
 
 template <class T> void launch_forward(const Context& ctx, const FwdArgs<T>& a) {

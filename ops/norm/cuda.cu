@@ -14,7 +14,8 @@
 //  - cuda (priority 100): any layout the op's check accepts. One block per row, scalar loads, two
 //    passes over the row (the second pass hits L1/L2).
 //  Both accumulate in f32 and round once at the end; int64 indexing throughout (row * row_stride);
-//  one launch on ctx.stream, no host synchronization and no allocation.
+//  one launch on ctx.stream, no host synchronization and no allocation; the forward kernels are
+//  launched programmatically (Note [programmatic launch] in cuda_launch.cuh).
 //
 // Aliasing: y may alias x and s may alias residual exactly (vLLM's in-place form). Every element is
 // read and then written by the same thread (the same pack slot in the vec16 kernel, the same column
@@ -49,6 +50,7 @@ __device__ __forceinline__ float input_at(const FwdArgs<T>& a, int64_t row, int6
 template <class T, bool kFused>
 __global__ void __launch_bounds__(512) rms_norm_rows_kernel(FwdArgs<T> a) {
   __shared__ float scratch[32];
+  programmatic_prologue();  // Note [programmatic launch]
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     float sum_sq = 0.0f;
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
@@ -89,6 +91,7 @@ __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(FwdArgs<T> a, int th
   const int n_packs = int(a.hidden / N);
   const int slots = blockDim.x / threads;
   const int t = threadIdx.x % threads;
+  programmatic_prologue();  // Note [programmatic launch]
   Pack<T> wp[K];  // w stays in registers for every row this thread visits
 #pragma unroll
   for (int k = 0; k < K; ++k)
@@ -172,8 +175,8 @@ __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(FwdArgs<T> a, int th
 // ---- launchers -------------------------------------------------------------------------------------
 template <class T, bool kFused> void launch_rows(const Context& ctx, const FwdArgs<T>& a) {
   const int block = int(std::min<int64_t>(512, std::max<int64_t>(32, (a.hidden + 31) / 32 * 32)));
-  rms_norm_rows_kernel<T, kFused><<<grid_for(a.rows, 1), block, 0, stream_of(ctx)>>>(a);
-  check_launch(kFused ? "fused_add_rms_norm_cuda kernel launch" : "rms_norm_cuda kernel launch");
+  launch_programmatic(ctx, kFused ? "fused_add_rms_norm_cuda kernel launch" : "rms_norm_cuda kernel launch",
+                      rms_norm_rows_kernel<T, kFused>, dim3(grid_for(a.rows, 1)), dim3(block), 0, a);
 }
 
 // Note [rows in flight]: a block of one row's threads reading one 16-byte pack per thread keeps
@@ -193,7 +196,8 @@ inline int rows_at_once(const Context& ctx, int64_t rows, int k, bool fused) {
 template <class T, int K, int R, bool kFused>
 void launch_vec_r(const Context& ctx, const FwdArgs<T>& a, const RowShape& s) {
   const unsigned grid = grid_for(a.rows, int64_t(s.rows_per_block) * R);
-  rms_norm_vec_kernel<T, K, R, kFused><<<grid, s.block, 0, stream_of(ctx)>>>(a, s.threads);
+  launch_programmatic(ctx, kFused ? "fused_add_rms_norm_cuda_vec16 kernel launch" : "rms_norm_cuda_vec16 kernel launch",
+                      rms_norm_vec_kernel<T, K, R, kFused>, dim3(grid), dim3(s.block), 0, a, s.threads);
 }
 
 template <class T, bool kFused> void launch_vec(const Context& ctx, const FwdArgs<T>& a) {

@@ -11,7 +11,8 @@
 // whatever the sign, which is what the reference defines for a NaN quotient.
 //
 // Modes and launches (all on ctx.stream, no host synchronization, no allocation after the first
-// call with a larger grid):
+// call with a larger grid; every launch but the cooperative one is programmatic, Note
+// [programmatic launch] in cuda_launch.cuh):
 //  - cuda_vec16_coop (priority 300; per_tensor with contiguous x and q, x 16-byte aligned, q
 //    aligned to N bytes): one cooperative launch (Note [one-launch per-tensor quant]): a grid-wide
 //    amax of 16-byte loads, a grid barrier, then the quantize pass in reverse order. Bytes per
@@ -109,6 +110,7 @@ __device__ __forceinline__ void unit_quant(const T* x, uint8_t* q, int64_t col, 
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) amax_partial_kernel(Args<T> a, float* partial) {
   __shared__ float scratch[32];
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = a.hidden / width;
   float amax = 0.0f;
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(256) amax_partial_kernel(Args<T> a, float* par
 __global__ void __launch_bounds__(256) amax_finish_kernel(const float* partial, int64_t parts,
                                                           float* scale) {
   __shared__ float scratch[32];
+  programmatic_prologue();  // Note [programmatic launch]
   float amax = 0.0f;
   for (int64_t i = threadIdx.x; i < parts; i += blockDim.x) amax = fmaxf(amax, partial[i]);
   amax = block_max(amax, scratch);
@@ -136,6 +139,7 @@ __global__ void __launch_bounds__(256) amax_finish_kernel(const float* partial, 
 // ---- per_tensor (3) and static: quantize with s read on the device ------------------------------
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) quant_kernel(Args<T> a, const float* s_src, float* s_dst) {
+  programmatic_prologue();  // Note [programmatic launch]
   const float s = *s_src;
   const bool first = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0;
   if (s_dst && first) *s_dst = s;
@@ -158,6 +162,7 @@ __global__ void __launch_bounds__(256) per_token_kernel(Args<T> a, float* scales
                                                         int64_t scale_stride, bool has_ub,
                                                         float ub) {
   __shared__ float scratch[32];
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = a.hidden / width;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // block-uniform
@@ -291,7 +296,6 @@ Grid2 grid2(int64_t units, int64_t rows, int64_t max_blocks) {
 template <class T, bool kVec>
 void launch(const Context& ctx, const Args<T>& a, QuantMode mode, const TensorView& scale,
             const TensorView& static_scale, double scale_ub) {
-  cudaStream_t stream = stream_of(ctx);
   const int64_t units = a.hidden / (kVec ? Pack<T>::n : 1);
   const int64_t max_blocks = int64_t(cuda_device_props(ctx.device.index).sm_count) * 8;
   float* s_out = scale.ptr<float>();
@@ -299,9 +303,9 @@ void launch(const Context& ctx, const Args<T>& a, QuantMode mode, const TensorVi
     if (a.rows == 0) return;
     const int block = int(std::min<int64_t>(256, std::max<int64_t>(32, (units + 31) / 32 * 32)));
     const int64_t scale_stride = scale.numel() > 1 ? scale.row_stride() : 1;
-    per_token_kernel<T, kVec><<<grid_for(a.rows, 1), block, 0, stream>>>(
-        a, s_out, scale_stride, scale_ub > 0, float(scale_ub));
-    check_launch("quant_fp8 per_token kernel launch");
+    launch_programmatic(ctx, "quant_fp8 per_token kernel launch", per_token_kernel<T, kVec>,
+                        dim3(grid_for(a.rows, 1)), dim3(block), 0, a, s_out, scale_stride, scale_ub > 0,
+                        float(scale_ub));
     return;
   }
   const Grid2 g = grid2(units, a.rows, max_blocks);
@@ -312,11 +316,12 @@ void launch(const Context& ctx, const Args<T>& a, QuantMode mode, const TensorVi
     float* partial = nullptr;
     if (parts > 0) {
       partial = static_cast<float*>(cuda_workspace(ctx, parts * int64_t(sizeof(float))));
-      amax_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(a, partial);
-      check_launch("quant_fp8 amax kernel launch");
+      launch_programmatic(ctx, "quant_fp8 amax kernel launch", amax_partial_kernel<T, kVec>, g.grid, g.block, 0,
+                          a, partial);
     }
-    amax_finish_kernel<<<1, 256, 0, stream>>>(partial, parts, s_out);  // parts 0: the minimum scale
-    check_launch("quant_fp8 scale kernel launch");
+    // parts 0: the minimum scale
+    launch_programmatic(ctx, "quant_fp8 scale kernel launch", amax_finish_kernel, dim3(1), dim3(256), 0,
+                        static_cast<const float*>(partial), parts, s_out);
   } else {
     s_src = static_scale.ptr<float>();
     s_dst = s_out;
@@ -325,8 +330,8 @@ void launch(const Context& ctx, const Args<T>& a, QuantMode mode, const TensorVi
   if (a.rows == 0 || units == 0) {
     if (mode != QuantMode::static_scale) return;
   }
-  quant_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(a, s_src, s_dst);
-  check_launch("quant_fp8 quantize kernel launch");
+  launch_programmatic(ctx, "quant_fp8 quantize kernel launch", quant_kernel<T, kVec>, g.grid, g.block, 0, a, s_src,
+                      s_dst);
 }
 
 void run(const Context& ctx, const TensorView& q, const TensorView& scale, const TensorView& x,

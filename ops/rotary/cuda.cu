@@ -20,7 +20,7 @@
 //    over single pairs for any layout the check accepts (odd sizes, padded rows).
 //  - Launch: blockIdx.x strides over tokens; the grid is min(tokens, 4 x the blocks resident on
 //    all SMs (cuda_device_props)). 64-bit offsets throughout. One launch on ctx.stream, no host
-//    synchronization, no allocation.
+//    synchronization, no allocation, programmatic (Note [programmatic launch] in cuda_launch.cuh).
 //  - Positions are device data, so the op's check cannot read them: a token whose position lies
 //    outside [0, max_position) is left unchanged rather than read out of bounds.
 #include <algorithm>
@@ -50,6 +50,7 @@ template <class T, bool kVec, bool kNeox> __host__ __device__ constexpr int pair
 template <class T, bool kVec, bool kNeox>
 __global__ void __launch_bounds__(256) rotary_kernel(Args<T> p) {
   constexpr int P = pairs_per_unit<T, kVec, kNeox>();
+  programmatic_prologue();  // Note [programmatic launch]
   for (int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
     const int64_t pos = p.pos[t * p.pos_stride];
     if (pos < 0 || pos >= p.max_pos) continue;  // uniform over the block; no barriers below
@@ -123,8 +124,8 @@ template <class T, bool kVec, bool kNeox> void launch(const Context& ctx, Args<T
   const int64_t resident =
       int64_t(props.sm_count) * std::max(1, props.max_threads_per_sm / (bx * by));
   const int64_t grid = std::max<int64_t>(1, std::min(p.tokens, 4 * resident));
-  rotary_kernel<T, kVec, kNeox><<<unsigned(grid), dim3(bx, by), 0, stream_of(ctx)>>>(p);
-  check_launch("rotary_embedding kernel launch");
+  launch_programmatic(ctx, "rotary_embedding kernel launch", rotary_kernel<T, kVec, kNeox>, dim3(unsigned(grid)),
+                      dim3(bx, by), 0, p);
 }
 
 template <bool kVec>

@@ -26,7 +26,8 @@
 //    with the lanes past E padded (never picked), any row stride.
 //  - Launch: 256 threads (8 tokens) a block; the grid is min(blocks needed, 4 x the blocks resident
 //    on all SMs (cuda_device_props)) and warps stride over tokens. 64-bit offsets. One launch on
-//    ctx.stream, no host synchronization, no allocation.
+//    ctx.stream, no host synchronization, no allocation, programmatic (Note [programmatic launch]
+//    in cuda_launch.cuh).
 // grouped_topk (cuda, priority 100) uses the same layout, keys and launch; see its kernel below.
 #include <algorithm>
 
@@ -105,6 +106,7 @@ __global__ void __launch_bounds__(256) topk_softmax_kernel(Args<T> a) {
   const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const int first = lane * V;
+  programmatic_prologue();  // Note [programmatic launch]
   for (int64_t t = warp; t < a.tokens; t += n_warps) {  // uniform over the warp
     const T* row = a.logits + t * a.logits_stride;
     float v[V];
@@ -208,6 +210,7 @@ __global__ void __launch_bounds__(256) grouped_topk_kernel(GroupedArgs<T> g) {
   const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const int first = lane * V;
   const int group_size = a.experts / g.groups;
+  programmatic_prologue();  // Note [programmatic launch]
   for (int64_t t = warp; t < a.tokens; t += n_warps) {  // uniform over the warp
     const T* row = a.logits + t * a.logits_stride;
     float v[V], s[V];
@@ -324,8 +327,8 @@ template <class T, int V, bool kVec> void launch(const Context& ctx, const Args<
   const int64_t resident = int64_t(props.sm_count) * std::max(1, props.max_threads_per_sm / threads);
   const int64_t needed = (a.tokens + tokens_per_block - 1) / tokens_per_block;
   const int64_t grid = std::max<int64_t>(1, std::min(needed, 4 * resident));
-  topk_softmax_kernel<T, V, kVec><<<unsigned(grid), threads, 0, stream_of(ctx)>>>(a);
-  check_launch("topk_softmax kernel launch");
+  launch_programmatic(ctx, "topk_softmax kernel launch", topk_softmax_kernel<T, V, kVec>, dim3(unsigned(grid)),
+                      dim3(threads), 0, a);
 }
 
 template <bool kVec>
@@ -360,8 +363,8 @@ template <class T, int V> void launch_grouped(const Context& ctx, const GroupedA
   const int64_t resident = int64_t(props.sm_count) * std::max(1, props.max_threads_per_sm / threads);
   const int64_t needed = (g.base.tokens + tokens_per_block - 1) / tokens_per_block;
   const int64_t grid = std::max<int64_t>(1, std::min(needed, 4 * resident));
-  grouped_topk_kernel<T, V><<<unsigned(grid), threads, 0, stream_of(ctx)>>>(g);
-  check_launch("grouped_topk kernel launch");
+  launch_programmatic(ctx, "grouped_topk kernel launch", grouped_topk_kernel<T, V>, dim3(unsigned(grid)),
+                      dim3(threads), 0, g);
 }
 
 void run_grouped(const Context& ctx, const TensorView& w, const TensorView& ids,

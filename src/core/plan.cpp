@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/parse_number.h"
 #include "opforge/error.h"
 
 namespace opforge::plan {
@@ -65,11 +66,8 @@ std::vector<Decision> parse(const std::string& text) {
     throw Error(ErrorCode::parse, fmt::format("plan '{}': {}", text, what));
   };
   auto number = [&](const std::string& s) {
-    char* end = nullptr;
-    errno = 0;
-    const double v = s.empty() ? 0 : std::strtod(s.c_str(), &end);
-    if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
-      bad(fmt::format("'{}' is not a finite number", s));
+    double v = 0;
+    if (!detail::parse_finite_double(s, v)) bad(fmt::format("'{}' is not a finite number", s));
     return v;
   };
   if (!text.empty() && text.back() == ';') bad("it ends in ';'");

@@ -19,6 +19,7 @@
 #include "opforge/dtype.h"
 #include "opforge/perfdb.h"
 #include "opforge/plan.h"
+#include "core/parse_number.h"
 #include "perfdb/internal.h"
 
 namespace opforge::perfdb {
@@ -68,14 +69,7 @@ bool parse_int(const std::string& s, int64_t& v) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
-// A whole-field finite double (strtod, every character consumed).
-bool parse_double(const std::string& s, double& v) {
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s.front()))) return false;
-  char* end = nullptr;
-  errno = 0;
-  v = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size() && errno != ERANGE && std::isfinite(v);
-}
+bool parse_double(const std::string& s, double& v) { return opforge::detail::parse_finite_double(s, v); }
 
 std::string number(double v) { return fmt::format("{}", v); }
 

@@ -1,6 +1,7 @@
 // The CUDA backend: memory hooks, the availability probe, device properties, the workspace cache
 // and an event timer. Kernels live with their op family (ops/<family>/cuda.cu).
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -321,6 +322,14 @@ const CudaDeviceProps& cuda_device_props(int device_index) {
     props[device_index] = p;
   });
   return props[device_index];
+}
+
+bool cuda::programmatic_launch_enabled(int device_index) {
+  static const bool allowed = [] {
+    const char* e = std::getenv("OPFORGE_CUDA_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return allowed && cuda_device_props(device_index).cc_major >= 9;
 }
 
 int64_t cuda_workspace_bytes_for(int64_t bytes) {

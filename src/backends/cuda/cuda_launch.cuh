@@ -102,6 +102,57 @@ void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Par
   }
 }
 
+// Note [programmatic launch]: the latency-bound kernels (the row-wise forwards, the activations,
+// rotary, routing) are launched with programmatic stream serialization (PDL, compute capability
+// 9.0 on): the next kernel in the stream may be scheduled before this one ends, and its blocks
+// wait at grid_dependency_wait() until every grid before it has completed and its writes are
+// visible. Such a kernel therefore calls programmatic_prologue() before its first global memory
+// access (read or write), so it sees exactly what a plain launch would; what overlaps is the
+// launch itself, block scheduling and the parameter loads, about a microsecond a kernel, which is
+// most of a kernel's time at 16 tokens. The prologue then lets the next kernel launch: its blocks
+// take SM slots only as this kernel's blocks leave, so a many-wave grid is not slowed. Kernels
+// launched without the attribute (older cards, OPFORGE_CUDA_PDL=0) run the two instructions as
+// no-ops. The gain needs the kernel before to let it launch early: another opforge kernel of
+// this kind, or any kernel's end.
+__device__ __forceinline__ void programmatic_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches on this device carry the attribute: compute capability >= 9 and the
+// environment does not set OPFORGE_CUDA_PDL=0 (read once; for side-by-side timing).
+bool programmatic_launch_enabled(int device_index);
+
+// Launches `kernel`, whose first statement is programmatic_prologue(), on ctx's stream with
+// Note [programmatic launch]; checks the launch like check_launch(what).
+template <class... Params, class... Args>
+void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Params...), dim3 grid,
+                         dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream_of(ctx);
+  config.attrs = attr;
+  config.numAttrs = programmatic_launch_enabled(ctx.device.index) ? 1 : 0;
+  cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
+  if (status != cudaSuccess && config.numAttrs == 1) {  // a stream that refuses the attribute
+    cudaGetLastError();
+    config.numAttrs = 0;
+    status = cudaLaunchKernelEx(&config, kernel, args...);
+  }
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw_cuda_error(what, status);
+  }
+  check_launch(what);
+}
+
 inline unsigned grid_for(int64_t work, int64_t per_block) {
   int64_t blocks = (work + per_block - 1) / per_block;
   if (blocks < 1) blocks = 1;
