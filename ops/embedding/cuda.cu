@@ -50,6 +50,7 @@ template <class T, class I> struct FwdArgs {
 };
 
 template <class T, class I, bool kVec> __global__ void __launch_bounds__(256) gather_kernel(FwdArgs<T, I> p) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = p.dim / width;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -91,8 +92,7 @@ void run_forward(const Context& ctx, const TensorView& y, const TensorView& ids,
       while (bx < units && bx < 256) bx *= 2;
       const int by = 256 / bx;
       const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(std::min<int64_t>((tokens + by - 1) / by, 65535)));
-      gather_kernel<T, I, kVec><<<grid, dim3(bx, by), 0, stream_of(ctx)>>>(p);
-      check_launch("embedding kernel launch");
+      launch_programmatic(ctx, "embedding kernel launch", gather_kernel<T, I, kVec>, grid, dim3(bx, by), 0, p);
     };
     if (ids.dtype == DType::i32) launch(int32_t{});
     else launch(int64_t{});

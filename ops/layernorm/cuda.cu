@@ -223,6 +223,7 @@ template <class T>
 __global__ void __launch_bounds__(256) dw_db_reduce_kernel(const float* partial, int64_t parts,
                                                            int64_t hidden, T* dw, int64_t dw_stride,
                                                            T* db, int64_t db_stride) {
+  programmatic_prologue();  // Note [programmatic launch]
   __shared__ float slice[8][33];
   const int64_t columns = 2 * hidden;
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(256) dw_db_reduce_kernel(const float* partial,
 template <class T>
 __global__ void __launch_bounds__(256) layer_norm_bwd_rows_kernel(BwdArgs<T> a, float* partial,
                                                                   int64_t rows_per_block) {
+  programmatic_prologue();  // Note [programmatic launch]
   __shared__ float scratch[3 * 32];
   float* dw_part = partial + int64_t(blockIdx.x) * 2 * a.hidden;
   float* db_part = dw_part + a.hidden;
@@ -289,6 +291,7 @@ template <class T, int K>
 __global__ void __launch_bounds__(kBwdMaxThreads) layer_norm_bwd_vec_kernel(BwdArgs<T> a,
                                                                             float* partial,
                                                                             int64_t rows_per_block) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int N = Pack<T>::n;
   __shared__ float scratch[3 * 32];
   const int n_packs = int(a.hidden / N);
@@ -413,9 +416,9 @@ Chunks row_chunks(const Context& ctx, int64_t rows, int threads_per_block) {
 template <class T>
 void launch_dw_db_reduce(const Context& ctx, const float* partial, int64_t parts, int64_t hidden,
                          const TensorView& dw, const TensorView& db) {
-  dw_db_reduce_kernel<T><<<grid_for(2 * hidden, 32), dim3(32, 8), 0, stream_of(ctx)>>>(
-      partial, parts, hidden, dw.ptr<T>(), dw.stride(0), db.ptr<T>(), db.stride(0));
-  check_launch("layer_norm_backward dw/db reduction launch");
+  launch_programmatic(ctx, "layer_norm_backward dw/db reduction launch", dw_db_reduce_kernel<T>,
+                      dim3(grid_for(2 * hidden, 32)), dim3(32, 8), 0, partial, parts, hidden, dw.ptr<T>(),
+                      dw.stride(0), db.ptr<T>(), db.stride(0));
 }
 
 template <class T>
@@ -425,25 +428,15 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
     launch_dw_db_reduce<T>(ctx, nullptr, 0, a.hidden, dw, db);
     return;
   }
-  cudaStream_t stream = stream_of(ctx);
   const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
   const int block = vec ? s.block : 256;
   const Chunks c = row_chunks(ctx, a.rows, block);
   auto* partial =
       static_cast<float*>(cuda_workspace(ctx, c.blocks * 2 * a.hidden * int64_t(sizeof(float))));
-  if (!vec) {
-    layer_norm_bwd_rows_kernel<T><<<unsigned(c.blocks), block, 0, stream>>>(a, partial,
-                                                                            c.rows_per_block);
-    check_launch("layer_norm_backward_cuda kernel launch");
-  } else {
-    if (s.k == 1)
-      layer_norm_bwd_vec_kernel<T, 1><<<unsigned(c.blocks), block, 0, stream>>>(a, partial,
-                                                                                c.rows_per_block);
-    else
-      layer_norm_bwd_vec_kernel<T, 2><<<unsigned(c.blocks), block, 0, stream>>>(a, partial,
-                                                                                c.rows_per_block);
-    check_launch("layer_norm_backward_cuda_vec16 kernel launch");
-  }
+  auto* kernel = !vec ? layer_norm_bwd_rows_kernel<T>
+                : s.k == 1 ? layer_norm_bwd_vec_kernel<T, 1> : layer_norm_bwd_vec_kernel<T, 2>;
+  launch_programmatic(ctx, vec ? "layer_norm_backward_cuda_vec16 kernel launch" : "layer_norm_backward_cuda kernel launch",
+                      kernel, dim3(unsigned(c.blocks)), dim3(block), 0, a, partial, c.rows_per_block);
   launch_dw_db_reduce<T>(ctx, partial, c.blocks, a.hidden, dw, db);
 }
 

@@ -136,6 +136,7 @@ __device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row
 
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) {
+  programmatic_prologue();  // Note [programmatic launch]
   __shared__ Stats stats_scratch[32];
   __shared__ float sum_scratch[32];
   const int64_t units = p.vocab / UnitOf<T, kVec>::width;
@@ -167,6 +168,7 @@ template <class T, bool kVec>
 __global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, int64_t splits, int64_t seg_units,
                                                             float* partials, unsigned* arrivals, int red,
                                                             float* reduced) {
+  programmatic_prologue();  // Note [programmatic launch]
   __shared__ Stats stats_scratch[32];
   __shared__ float sum_scratch[32];
   const int64_t units = p.vocab / UnitOf<T, kVec>::width;
@@ -262,6 +264,7 @@ template <class T> struct BackwardArgs {
 
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
+  programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   const int64_t units = p.vocab / W;
@@ -349,10 +352,10 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.o = o;
     if (splits > 1) {
-      forward_split_kernel<T, kVec><<<unsigned(rows * splits), unsigned(kSplitBlock), 0, stream>>>(
-          p, splits, seg_units, partials, cuda_grid_barrier(ctx), red == Red::none ? 0 : red == Red::sum ? 1 : 2,
-          loss.ptr<float>());
-      check_launch("cross_entropy split kernel launch");
+      launch_programmatic(ctx, "cross_entropy split kernel launch", forward_split_kernel<T, kVec>,
+                          dim3(unsigned(rows * splits)), dim3(unsigned(kSplitBlock)), 0, p, splits, seg_units,
+                          partials, cuda_grid_barrier(ctx), red == Red::none ? 0 : red == Red::sum ? 1 : 2,
+                          loss.ptr<float>());
       return;
     }
     int rt = 32;  // a warp per short row, up to 256 threads per long row; several rows per SM
@@ -361,8 +364,8 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     const int64_t rows_per_block = block / rt;
     const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
     const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);
-    forward_kernel<T, kVec><<<unsigned(blocks), block, 0, stream>>>(p, rt);
-    check_launch("cross_entropy kernel launch");
+    launch_programmatic(ctx, "cross_entropy kernel launch", forward_kernel<T, kVec>, dim3(unsigned(blocks)),
+                        dim3(block), 0, p, rt);
   });
   if (red != Red::none && splits == 1) {  // split rows reduce in their own launch
     RowReduce r;
@@ -405,8 +408,8 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    backward_kernel<T, kVec><<<grid, dim3(bx, by), 0, stream>>>(p);
-    check_launch("cross_entropy_backward kernel launch");
+    launch_programmatic(ctx, "cross_entropy_backward kernel launch", backward_kernel<T, kVec>, grid,
+                        dim3(bx, by), 0, p);
   });
 }
 

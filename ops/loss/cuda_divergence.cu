@@ -143,6 +143,7 @@ template <class T> struct PairArgs {
 template <class T, bool kVec, Pair K>
 __global__ void __launch_bounds__(256)
     pair_rows_kernel(PairArgs<T> p, int rt, int64_t splits, int64_t seg_units, RowReduce r, unsigned* arrivals) {
+  programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   __shared__ float scratch[32];
@@ -189,6 +190,7 @@ template <class T, Pair K>
 __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> p, int rt, int64_t splits,
                                                                  int64_t seg_units, RowReduce r,
                                                                  unsigned* arrivals) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int N = Pack<T>::n;
   constexpr int U = pair_unroll<T>();
   __shared__ float scratch[32];
@@ -232,6 +234,7 @@ __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> 
 // Element-wise forward (none) or backward: x over units of a row, y over rows.
 template <class T, bool kVec, Pair K, bool kBackward>
 __global__ void __launch_bounds__(256) pair_elements_kernel(PairArgs<T> p) {
+  programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   const int64_t units = p.vocab / W;
@@ -337,13 +340,11 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    cudaStream_t stream = stream_of(ctx);
     dispatch_pair(c.kind, [&](auto kind) {
       constexpr Pair K = decltype(kind)::value;
-      if (backward) pair_elements_kernel<T, kVec, K, true><<<grid, dim3(bx, by), 0, stream>>>(p);
-      else pair_elements_kernel<T, kVec, K, false><<<grid, dim3(bx, by), 0, stream>>>(p);
+      auto* kernel = backward ? pair_elements_kernel<T, kVec, K, true> : pair_elements_kernel<T, kVec, K, false>;
+      launch_programmatic(ctx, c.op, kernel, grid, dim3(bx, by), 0, p);
     });
-    check_launch(c.op);
   });
 }
 
@@ -413,11 +414,12 @@ void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
     dispatch_pair(c.kind, [&](auto kind) {
       constexpr Pair K = decltype(kind)::value;
       if constexpr (kFast)
-        pair_rows_unrolled_kernel<T, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units, r, arrivals);
+        launch_programmatic(ctx, c.op, pair_rows_unrolled_kernel<T, K>, dim3(unsigned(blocks)), dim3(block), 0, p, rt,
+                            splits, seg_units, r, arrivals);
       else
-        pair_rows_kernel<T, kVec, K><<<unsigned(blocks), block, 0, stream>>>(p, rt, splits, seg_units, r, arrivals);
+        launch_programmatic(ctx, c.op, pair_rows_kernel<T, kVec, K>, dim3(unsigned(blocks)), dim3(block), 0, p, rt,
+                            splits, seg_units, r, arrivals);
     });
-    check_launch(c.op);
   });
 }
 

@@ -54,6 +54,7 @@ __device__ __forceinline__ float2 row_scales(float2 sums, const BwdArgs<T>& a) {
 template <class T>
 __global__ void __launch_bounds__(256) dw_reduce_kernel(const float* partial, int64_t parts,
                                                         int64_t hidden, T* dw, int64_t dw_stride) {
+  programmatic_prologue();  // Note [programmatic launch]
   __shared__ float slice[8][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float acc = 0.0f;
@@ -72,9 +73,8 @@ __global__ void __launch_bounds__(256) dw_reduce_kernel(const float* partial, in
 template <class T>
 void launch_dw_reduce(const Context& ctx, const float* partial, int64_t parts, int64_t hidden,
                       const TensorView& dw) {
-  dw_reduce_kernel<T><<<grid_for(hidden, 32), dim3(32, 8), 0, stream_of(ctx)>>>(
-      partial, parts, hidden, dw.ptr<T>(), dw.stride(0));
-  check_launch("norm backward dw reduction launch");
+  launch_programmatic(ctx, "norm backward dw reduction launch", dw_reduce_kernel<T>, dim3(grid_for(hidden, 32)),
+                      dim3(32, 8), 0, partial, parts, hidden, dw.ptr<T>(), dw.stride(0));
 }
 
 // ---- scalar kernel ---------------------------------------------------------------------------------
@@ -88,6 +88,7 @@ __device__ __forceinline__ float input_at(const BwdArgs<T>& a, int64_t row, int6
 template <class T, bool kFused>
 __global__ void __launch_bounds__(256) rms_norm_bwd_rows_kernel(BwdArgs<T> a, float* partial,
                                                                 int64_t rows_per_block) {
+  programmatic_prologue();  // Note [programmatic launch]
   __shared__ float2 scratch[32];
   float* dw_part = partial + int64_t(blockIdx.x) * a.hidden;  // this thread's columns only
   for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) dw_part[c] = 0.0f;
@@ -325,7 +326,6 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
     launch_dw_reduce<T>(ctx, nullptr, 0, a.hidden, dw);
     return;
   }
-  cudaStream_t stream = stream_of(ctx);
   if (vec) {
     const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
     // Note [rows in flight, backward].
@@ -344,9 +344,9 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   const int block = 256;
   const Chunks c = dw_chunks(ctx, a.rows, block);
   auto* partial = static_cast<float*>(cuda_workspace(ctx, c.blocks * a.hidden * int64_t(sizeof(float))));
-  rms_norm_bwd_rows_kernel<T, kFused><<<unsigned(c.blocks), block, 0, stream>>>(a, partial, c.rows_per_block);
-  check_launch(kFused ? "fused_add_rms_norm_backward kernel launch"
-                      : "rms_norm_backward kernel launch");
+  launch_programmatic(ctx, kFused ? "fused_add_rms_norm_backward kernel launch" : "rms_norm_backward kernel launch",
+                      rms_norm_bwd_rows_kernel<T, kFused>, dim3(unsigned(c.blocks)), dim3(block), 0, a, partial,
+                      c.rows_per_block);
   launch_dw_reduce<T>(ctx, partial, c.blocks, a.hidden, dw);
 }
 

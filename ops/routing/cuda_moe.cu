@@ -107,6 +107,7 @@ template <class T, class I, bool kVec> struct CopyArgs {
 };
 
 template <class T, class I, bool kVec> __global__ void __launch_bounds__(256) copy_kernel(CopyArgs<T, I, kVec> a) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = a.hidden / width;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -170,8 +171,7 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
       const dim3 block = rows_block(units);
       const dim3 grid(unsigned((units + block.x - 1) / block.x),
                       unsigned(std::min<int64_t>((pairs + block.y - 1) / block.y, 65535)));
-      copy_kernel<T, I, kVec><<<grid, block, 0, stream>>>(a);
-      check_launch("moe_permute copy kernel launch");
+      launch_programmatic(ctx, "moe_permute copy kernel launch", copy_kernel<T, I, kVec>, grid, block, 0, a);
     });
   };
   if (p.inv_i64) rest(int64_t{});
@@ -189,6 +189,7 @@ template <class T, class I, bool kVec> struct CombineArgs {
 
 template <class T, class I, bool kVec>
 __global__ void __launch_bounds__(256) combine_kernel(CombineArgs<T, I, kVec> a) {
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int width = kVec ? Pack<T>::n : 1;
   const int64_t units = a.hidden / width;
   for (int64_t t = blockIdx.y; t < a.tokens; t += gridDim.y) {
@@ -234,7 +235,6 @@ void run_unpermute(const Context& ctx, const TensorView& y, const TensorView& ex
   const MoeUnpermutePlan p = moe_unpermute_plan(y, expert_out, inv_perm, weights);
   if (p.tokens == 0 || p.hidden == 0) return;
   DeviceGuard guard(ctx.device.index);
-  cudaStream_t stream = stream_of(ctx);
   dispatch_float(p.dtype, "moe_unpermute", [&](auto tag) {
     using T = decltype(tag);
     auto launch = [&](auto inv_tag) {
@@ -245,8 +245,7 @@ void run_unpermute(const Context& ctx, const TensorView& y, const TensorView& ex
       const int64_t units = p.hidden / (kVec ? Pack<T>::n : 1);
       const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (units + 31) / 32 * 32)));
       const dim3 grid(unsigned((units + threads - 1) / threads), unsigned(std::min<int64_t>(p.tokens, 65535)));
-      combine_kernel<T, I, kVec><<<grid, threads, 0, stream>>>(a);
-      check_launch("moe_unpermute kernel launch");
+      launch_programmatic(ctx, "moe_unpermute kernel launch", combine_kernel<T, I, kVec>, grid, dim3(threads), 0, a);
     };
     if (p.inv_i64) launch(int64_t{});
     else launch(int32_t{});

@@ -54,6 +54,7 @@ template <class T> struct Args {
 
 template <class T, bool kVec, Kind kKind>
 __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
+  programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   constexpr bool kBackward = is_backward(kKind);
@@ -284,8 +285,8 @@ void run(const Context& ctx, const TensorView& out, const TensorView& a, const T
     const int64_t rows_per_block = block / rt;
     const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
     const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);
-    softmax_kernel<T, kVec, kKind><<<unsigned(blocks), block, 0, stream_of(ctx)>>>(p, rt);
-    check_launch("softmax kernel launch");
+    launch_programmatic(ctx, "softmax kernel launch", softmax_kernel<T, kVec, kKind>, dim3(unsigned(blocks)),
+                        dim3(block), 0, p, rt);
   });
 }
 
