@@ -115,7 +115,8 @@ void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Par
 // no-ops. The gain needs the kernel before to let it launch early: another opforge kernel of
 // this kind, or any kernel's end. Launched this way: the norm forwards and backwards (with their
 // dw reductions), layer_norm, the activations (forward and backward), rotary, topk_softmax,
-// grouped_topk, quant_fp8, softmax, cross_entropy, kl_div / jsd / tvd, embedding's gather,
+// grouped_topk, quant_fp8, softmax, cross_entropy (not its split-row forward, which measured
+// slower so), kl_div / jsd / tvd, embedding's gather,
 // moe_permute's copy and moe_unpermute. Not: cooperative and cluster launches, cuBLASLt GEMMs,
 // attention, and the kernels around CUB's sort.
 __device__ __forceinline__ void programmatic_prologue() {
