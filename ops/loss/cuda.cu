@@ -329,7 +329,9 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
   const int64_t units = vocab / (kVec ? 16 / logits.itemsize() : 1);  // 16-byte packs or elements
   int64_t splits = 1, seg_units = units;
   if (rows < props.sm_count && rows <= kSplitBlock) {
-    const int64_t want = (2 * int64_t(props.sm_count) + rows - 1) / rows;  // about two blocks per SM
+    // About two blocks per SM; tuning runs override the 2 with OPFORGE_CUDA_CE_BLOCKS_PER_SM (1..16).
+    static const int per_sm = env_choice("OPFORGE_CUDA_CE_BLOCKS_PER_SM", 1, 16);
+    const int64_t want = ((per_sm ? per_sm : 2) * int64_t(props.sm_count) + rows - 1) / rows;
     const int64_t most = units / (kSplitBlock * kMinUnitsPerThread);
     splits = std::max<int64_t>(1, std::min(want, most));
     seg_units = (units + splits - 1) / splits;
