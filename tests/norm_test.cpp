@@ -313,9 +313,12 @@ TEST(NormCpu, StreamingStoresMatchPlainStores) {
 // output row is not 64-byte aligned. Views over a fake aligned address: only the decision runs.
 TEST(NormCpu, StreamingRuleUsesTheCacheShare) {
   if (std::getenv("OPFORGE_CPU_STREAM_BYTES") != nullptr) GTEST_SKIP() << "the share is overridden";
-  const int64_t saved = cpu::set_l3_bytes_for_testing(int64_t(480) << 20);  // a VM reporting its host's L3
+  // A VM reporting a huge L3 (its host's: 480 MiB on the 2-core Xeon); 64 GiB, so that the share
+  // is the threads' and a call moving twice it stays under the whole L3 on any thread count.
+  const int64_t l3 = int64_t(64) << 30;
+  const int64_t saved = cpu::set_l3_bytes_for_testing(l3);
   const int64_t share = cpu::stream_bytes();
-  EXPECT_LE(share, int64_t(480) << 20);
+  EXPECT_LE(share, l3 / 2);
   EXPECT_GE(share, cpu::kStreamBytesPerThread);  // one thread's share at least
   EXPECT_EQ(share % cpu::kStreamBytesPerThread, 0);  // whole threads' shares, under that L3
   void* fake = reinterpret_cast<void*>(uintptr_t(1) << 20);
@@ -324,7 +327,7 @@ TEST(NormCpu, StreamingRuleUsesTheCacheShare) {
   const TensorView under(fake, DType::bf16, Shape{rows_of(share), 4096}, Device::cpu());
   EXPECT_TRUE(cpu::stream_outputs(2.0 * double(share), {&over}));
   EXPECT_FALSE(cpu::stream_outputs(2.0 * double(share), {&under}));
-  EXPECT_TRUE(cpu::stream_outputs(double(int64_t(481) << 20), {&under}));  // past the whole L3
+  EXPECT_TRUE(cpu::stream_outputs(double(l3 + (int64_t(1) << 20)), {&under}));  // past the whole L3
   const TensorView odd(fake, DType::bf16, Shape{rows_of(share) + 1, 4100}, Device::cpu());  // 8200-byte rows
   EXPECT_FALSE(cpu::stream_outputs(2.0 * double(share), {&odd}));
   cpu::set_l3_bytes_for_testing(int64_t(1) << 20);  // a small L3 bounds the share
