@@ -329,9 +329,12 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
   const int64_t units = vocab / (kVec ? 16 / logits.itemsize() : 1);  // 16-byte packs or elements
   int64_t splits = 1, seg_units = units;
   if (rows < props.sm_count && rows <= kSplitBlock) {
-    // About two blocks per SM; tuning runs override the 2 with OPFORGE_CUDA_CE_BLOCKS_PER_SM (1..16).
+    // About one block per SM: at 16 x 128,256 bf16 on an H200, 8.5 us against 9.6-9.9 with two,
+    // 10.8 with four or eight; 16 x 32,000 the same within 0.2 us (docs/perf/
+    // gpu-h200-2026-11-27-round13.md). Tuning runs override the 1 with
+    // OPFORGE_CUDA_CE_BLOCKS_PER_SM (1..16).
     static const int per_sm = env_choice("OPFORGE_CUDA_CE_BLOCKS_PER_SM", 1, 16);
-    const int64_t want = ((per_sm ? per_sm : 2) * int64_t(props.sm_count) + rows - 1) / rows;
+    const int64_t want = ((per_sm ? per_sm : 1) * int64_t(props.sm_count) + rows - 1) / rows;
     const int64_t most = units / (kSplitBlock * kMinUnitsPerThread);
     splits = std::max<int64_t>(1, std::min(want, most));
     seg_units = (units + splits - 1) / splits;
