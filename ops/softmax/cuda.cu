@@ -245,7 +245,9 @@ template <class T, bool kVec, Kind kKind> int64_t split_count(int64_t rows, int6
   }();
   const int64_t resident = int64_t(fit) * props.sm_count;
   const int64_t least = (units + kSplitThreads * kCache - 1) / (kSplitThreads * kCache);
-  const int64_t want = std::max<int64_t>(least, (2 * int64_t(props.sm_count) + rows - 1) / rows);
+  // About two blocks per SM; tuning runs override the 2 with OPFORGE_CUDA_SOFTMAX_BLOCKS_PER_SM (1..16).
+  static const int per_sm = env_choice("OPFORGE_CUDA_SOFTMAX_BLOCKS_PER_SM", 1, 16);
+  const int64_t want = std::max<int64_t>(least, ((per_sm ? per_sm : 2) * int64_t(props.sm_count) + rows - 1) / rows);
   const int64_t splits = std::min<int64_t>({want, kMaxSplits, units, resident / rows});
   return splits < 2 || splits < least ? 1 : splits;
 }
