@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 }
 
 // Segments a row for Note [split softmax rows], or 1 to use softmax_kernel: enough blocks for
-// about two per SM, at most as many as are resident at once, each thread's units in registers.
+// about one per SM, at most as many as are resident at once, each thread's units in registers.
 template <class T, bool kVec, Kind kKind> int64_t split_count(int64_t rows, int64_t units, const CudaDeviceProps& props) {
   if (rows >= props.sm_count || units < 2) return 1;
   static const int fit = [] {
@@ -245,9 +245,12 @@ template <class T, bool kVec, Kind kKind> int64_t split_count(int64_t rows, int6
   }();
   const int64_t resident = int64_t(fit) * props.sm_count;
   const int64_t least = (units + kSplitThreads * kCache - 1) / (kSplitThreads * kCache);
-  // About two blocks per SM; tuning runs override the 2 with OPFORGE_CUDA_SOFTMAX_BLOCKS_PER_SM (1..16).
+  // About one block per SM: at 16 rows on an H200 the forward took 7.9 us (128,256) and 5.8 (32,000)
+  // against 8.7 / 6.7 with two and 9.8 / 8.5 with four, the backward the same or less (docs/perf/
+  // gpu-h200-2026-11-27-round13.md). Tuning runs override the 1 with
+  // OPFORGE_CUDA_SOFTMAX_BLOCKS_PER_SM (1..16).
   static const int per_sm = env_choice("OPFORGE_CUDA_SOFTMAX_BLOCKS_PER_SM", 1, 16);
-  const int64_t want = std::max<int64_t>(least, ((per_sm ? per_sm : 2) * int64_t(props.sm_count) + rows - 1) / rows);
+  const int64_t want = std::max<int64_t>(least, ((per_sm ? per_sm : 1) * int64_t(props.sm_count) + rows - 1) / rows);
   const int64_t splits = std::min<int64_t>({want, kMaxSplits, units, resident / rows});
   return splits < 2 || splits < least ? 1 : splits;
 }
