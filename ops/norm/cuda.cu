@@ -202,7 +202,7 @@ void launch_vec_r(const Context& ctx, const FwdArgs<T>& a, const RowShape& s) {
 
 template <class T, bool kFused> void launch_vec(const Context& ctx, const FwdArgs<T>& a) {
   const int64_t n_packs = a.hidden / Pack<T>::n;
-  const int cap = fwd_max_threads(kFused);
+  const int cap = fwd_max_threads(kFused, a.rows < cuda_device_props(ctx.device.index).sm_count);
   const int max_threads = n_packs <= 2 * cap ? cap : kFwdMaxThreads;
   const RowShape s = register_row_shape(n_packs, max_threads, 256);
   // Short rows already share a block (many rows per block step).

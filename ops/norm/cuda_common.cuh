@@ -84,9 +84,13 @@ inline int max_rows_at_once(bool fused, bool backward) {
 
 inline constexpr int kFwdMaxThreads = 1024;  // forward: up to 2 * 1024 packs per row
 inline constexpr int kBwdMaxThreads = 512;   // backward: up to 2 * 512 packs (more live values)
-inline int fwd_max_threads(bool fused) {
+// fused_add_rms_norm takes 256 threads a row (two packs each at hidden 4096) from as many rows as
+// SMs on, the whole row's worth below: at 16 x 4096 bf16 on an H200 (programmatic launches on)
+// 1.90 us with 512 threads against 2.09 with 256, while at 1,024 and 16,384 rows 256 stays ahead
+// (6.44 / 140 us against 6.96 / 151; docs/perf/gpu-h200-2026-11-27-round13.md).
+inline int fwd_max_threads(bool fused, bool few_rows) {
   static const int forced = env_choice("OPFORGE_CUDA_NORM_THREADS", 64, kFwdMaxThreads);
-  return forced ? forced : fused ? 256 : kFwdMaxThreads;
+  return forced ? forced : fused && !few_rows ? 256 : kFwdMaxThreads;
 }
 
 // Shared by the vec16 predicates: dtype, w contiguous and aligned, hidden a multiple of the pack.
