@@ -105,20 +105,21 @@ void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Par
 // Note [programmatic launch]: the latency-bound kernels (the row-wise forwards, the activations,
 // rotary, routing) are launched with programmatic stream serialization (PDL, compute capability
 // 9.0 on): the next kernel in the stream may be scheduled before this one ends, and its blocks
-// wait at grid_dependency_wait() until every grid before it has completed and its writes are
+// wait in programmatic_prologue() until every grid before it has completed and its writes are
 // visible. Such a kernel therefore calls programmatic_prologue() before its first global memory
 // access (read or write), so it sees exactly what a plain launch would; what overlaps is the
-// launch itself, block scheduling and the parameter loads, about a microsecond a kernel, which is
-// most of a kernel's time at 16 tokens. The prologue then lets the next kernel launch: its blocks
-// take SM slots only as this kernel's blocks leave, so a many-wave grid is not slowed. Kernels
-// launched without the attribute (older cards, OPFORGE_CUDA_PDL=0) run the two instructions as
-// no-ops. The gain needs the kernel before to let it launch early: another opforge kernel of
-// this kind, or any kernel's end. Launched this way: the norm forwards and backwards (with their
-// dw reductions), layer_norm, the activations (forward and backward), rotary, topk_softmax,
-// grouped_topk, quant_fp8, softmax, cross_entropy (not its split-row forward, which measured
-// slower so), kl_div / jsd / tvd, embedding's gather,
-// moe_permute's copy and moe_unpermute. Not: cooperative and cluster launches, cuBLASLt GEMMs,
-// attention, and the kernels around CUB's sort.
+// launch itself, block scheduling and the parameter loads: 0.4-0.5 us a call on an H200, a
+// quarter of a call at 16 tokens (docs/perf/gpu-h200-2026-11-27-round13.md). The prologue then
+// lets the next kernel launch: its blocks take SM slots only as this kernel's blocks leave, so a
+// many-wave grid is not slowed. Kernels launched without the attribute (older cards,
+// OPFORGE_CUDA_PDL=0) run the two instructions as no-ops. The gain needs the kernel before to let
+// it launch early: another opforge kernel of this kind, or any kernel's end. Launched this way:
+// the norm forwards and backwards (with their dw reductions), layer_norm, the activations
+// (forward and backward), rotary, topk_softmax, grouped_topk, quant_fp8, softmax,
+// cross_entropy, kl_div / jsd / tvd, embedding's gather, moe_permute's copy and moe_unpermute.
+// Not: cooperative launches (softmax's split rows, per-tensor quant, the norm backward's one-launch
+// dw), cluster launches, cross_entropy's split-row forward (measured slower so: 9.9 -> 10.5 us at
+// 16 x 128,256), cuBLASLt GEMMs, attention, and the kernels around CUB's sort.
 __device__ __forceinline__ void programmatic_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
