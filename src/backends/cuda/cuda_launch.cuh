@@ -77,7 +77,19 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
-// Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
+// A launch on ctx's stream with `attrs` (n of them) for cudaLaunchKernelEx.
+inline cudaLaunchConfig_t launch_config(const Context& ctx, dim3 grid, dim3 block, size_t smem,
+                                        cudaLaunchAttribute* attrs, unsigned n) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream_of(ctx);
+  config.attrs = attrs;
+  config.numAttrs = n;
+  return config;
+}
+
 // Launches `kernel` cooperatively (every block resident at once, as a grid barrier needs; Note
 // [grid barrier]) on ctx's stream with `blocks` x `threads` and `smem` bytes of dynamic shared
 // memory. A refused launch (more blocks than fit) throws naming `what` and clears the error, so it
@@ -88,13 +100,7 @@ void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Par
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream_of(ctx);
-  config.attrs = attr;
-  config.numAttrs = 1;
+  cudaLaunchConfig_t config = launch_config(ctx, dim3(unsigned(blocks)), dim3(unsigned(threads)), smem, attr, 1);
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (status != cudaSuccess) {
     cudaGetLastError();
@@ -139,13 +145,8 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream_of(ctx);
-  config.attrs = attr;
-  config.numAttrs = programmatic_launch_enabled(ctx.device.index) ? 1 : 0;
+  cudaLaunchConfig_t config =
+      launch_config(ctx, grid, block, smem, attr, programmatic_launch_enabled(ctx.device.index) ? 1 : 0);
   cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
   if (status != cudaSuccess && config.numAttrs == 1) {  // a stream that refuses the attribute
     cudaGetLastError();
@@ -159,6 +160,7 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
   check_launch(what);
 }
 
+// Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
 inline unsigned grid_for(int64_t work, int64_t per_block) {
   int64_t blocks = (work + per_block - 1) / per_block;
   if (blocks < 1) blocks = 1;
