@@ -26,8 +26,8 @@
 //    second launch sums each column's G partials in a fixed order and rounds once. No atomics:
 //    the bits depend only on the inputs, the SM count and the block size.
 //  f32 arithmetic, int64 row offsets (row * row_stride), launches on ctx.stream, no host
-//  synchronization; the workspace is allocated only on the first call with a larger shape. The
-//  forward kernels are launched programmatically (Note [programmatic launch] in cuda_launch.cuh).
+//  synchronization; the workspace is allocated only on the first call with a larger shape. Every
+//  kernel here is launched programmatically (Note [programmatic launch] in cuda_launch.cuh).
 //
 // Aliasing: y may alias x exactly. Every element is read and then written by the same thread (the
 // same pack slot in vec16, the same column in every pass of the scalar kernel), and a row's

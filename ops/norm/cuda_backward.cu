@@ -18,7 +18,8 @@
 //    (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
-//  is allocated only on the first call with a larger shape.
+//  is allocated only on the first call with a larger shape. The scalar kernel and the dw
+//  reduction are launched programmatically (Note [programmatic launch] in cuda_launch.cuh).
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
