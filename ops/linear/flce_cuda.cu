@@ -532,7 +532,7 @@ void fused_linear_cross_entropy_cuda(const Context& ctx, const TensorView& loss,
   r.losses = row_loss, r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = target_stride;
   r.ignore_index = ignore_index, r.divide = reduction == "mean", r.zero_if_none_kept = true;
   r.out = loss.ptr<float>();
-  cuda::loss::launch_row_reduce(stream, r, "fused_linear_cross_entropy reduction launch");
+  cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy reduction launch");
 }
 
 void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorView& dhidden, const TensorView& dw,
@@ -566,7 +566,7 @@ void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorVi
     cuda::loss::RowReduce r;
     r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = cuda::loss::stride0(target);
     r.ignore_index = ignore_index, r.count_only = true, r.out = scalars;
-    cuda::loss::launch_row_reduce(stream, r, "fused_linear_cross_entropy_backward count launch");
+    cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy_backward count launch");
     mean_grad_kernel<<<1, 1, 0, stream>>>(dloss.data, dloss.dtype, scalars, scalars + 1);
     cuda::check_launch("fused_linear_cross_entropy_backward scale launch");
     up = scalars + 1, up_dtype = DType::f32;

@@ -240,7 +240,10 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
 
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
 // divisor_scale 1 (mean divides by the kept rows), count_only for the backward's mean.
-__global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) { reduce_rows_in_block<1024>(r); }
+__global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) {
+  programmatic_prologue();  // Note [programmatic launch]
+  reduce_rows_in_block<1024>(r);
+}
 
 __global__ void fill_kernel(float* out, float v) { *out = v; }
 
@@ -377,7 +380,7 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     RowReduce r;
     r.losses = per_row, r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
     r.ignore_index = o.ignore_index, r.divide = red == Red::mean, r.out = loss.ptr<float>();
-    launch_row_reduce(stream, r, "cross_entropy reduction launch");
+    launch_row_reduce(ctx, r, "cross_entropy reduction launch");
   }
 }
 
@@ -387,14 +390,13 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   if (rows == 0 || vocab == 0) return;
   DeviceGuard guard(ctx.device.index);
-  cudaStream_t stream = stream_of(ctx);
   const float* kept = nullptr;
   if (red == Red::mean) {
     float* count = static_cast<float*>(cuda_workspace(ctx, sizeof(float)));
     RowReduce r;
     r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
     r.ignore_index = o.ignore_index, r.divide = true, r.count_only = true, r.out = count;
-    launch_row_reduce(stream, r, "cross_entropy_backward count launch");
+    launch_row_reduce(ctx, r, "cross_entropy_backward count launch");
     kept = count;
   }
   dispatch_float(logits.dtype, "cross_entropy_backward", [&](auto tag) {
@@ -421,9 +423,8 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
 
 }  // namespace
 
-void launch_row_reduce(cudaStream_t stream, const RowReduce& r, const char* what) {
-  reduce_kernel<<<1, 1024, 0, stream>>>(r);
-  check_launch(what);
+void launch_row_reduce(const Context& ctx, const RowReduce& r, const char* what) {
+  launch_programmatic(ctx, what, reduce_kernel, dim3(1), dim3(1024), 0, r);
 }
 
 }  // namespace cuda::loss

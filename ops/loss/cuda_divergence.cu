@@ -379,7 +379,6 @@ void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
     return;
   }
   const int64_t rows = c.b->size(0), vocab = c.b->size(1);
-  cudaStream_t stream = stream_of(ctx);
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
   int64_t splits = 1;
   dispatch_float(c.b->dtype, c.op, [&](auto tag) {
@@ -395,7 +394,7 @@ void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
   r.divide = c.red != PairRed::sum, r.divisor_scale = vocab_factor(c.red, vocab);
   r.out = loss.ptr<float>();
   if (rows == 0) {  // the reduction sums nothing (0) and divides by 0 kept rows (NaN), as the reference
-    launch_row_reduce(stream, r, c.op);
+    launch_row_reduce(ctx, r, c.op);
     return;
   }
   // One launch: the last block to finish adds the segment sums (Note [last block]).
@@ -437,7 +436,7 @@ template <bool kVec> void backward(const Context& ctx, const PairCall& c, const 
       RowReduce r;
       r.rows = rows, r.labels = c.labels->ptr<int64_t>(), r.labels_stride = stride0(*c.labels);
       r.ignore_index = c.ignore_index, r.count_only = true, r.out = count;
-      launch_row_reduce(stream_of(ctx), r, c.op);
+      launch_row_reduce(ctx, r, c.op);
       kept_count = count;
     } else {
       divisor *= double(rows);

@@ -105,10 +105,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 // Commits this thread's copies and waits for them (the memory clobber keeps the shared-memory
 // reads after it).
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// The two halves of a cluster barrier: arrive once this CTA has read the others' shared memory,
-// wait before leaving (a CTA's shared memory must outlive the other CTAs' reads of it).
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 // One unit (a pack or an element) of logits into the statistics: softcap, sum z, online max/sum.
 // kPlain: no softcap and no label smoothing (then neither is looked at).
@@ -386,7 +382,7 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
       RowReduce r;
       r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
       r.ignore_index = ignore_index, r.divide = true, r.count_only = true, r.out = kept;
-      launch_row_reduce(stream, r, "cross_entropy_with_grad count launch");
+      launch_row_reduce(ctx, r, "cross_entropy_with_grad count launch");
     }
     FusedArgs<T> p{};
     p.logits = logits.ptr<T>(), p.logits_stride = row_stride_of(logits);
@@ -412,7 +408,7 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
       RowReduce r;
       r.losses = per_row, r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
       r.ignore_index = ignore_index, r.divide = red == Red::mean, r.out = loss.ptr<float>();
-      launch_row_reduce(stream, r, "cross_entropy_with_grad reduction launch");
+      launch_row_reduce(ctx, r, "cross_entropy_with_grad reduction launch");
     }
   });
 }

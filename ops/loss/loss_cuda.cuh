@@ -95,8 +95,9 @@ template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r)
   else *r.out = float(sums[0] / (counts[0] * r.divisor_scale));
 }
 
-// Enqueues the reduction on `stream` (defined in ops/loss/cuda.cu); `what` names the launch in
+// Enqueues the reduction on ctx's stream, launched programmatically (Note [programmatic launch];
+// defined in ops/loss/cuda.cu); `what` names the launch in
 // errors.
-void launch_row_reduce(cudaStream_t stream, const RowReduce& r, const char* what);
+void launch_row_reduce(const Context& ctx, const RowReduce& r, const char* what);
 
 }  // namespace opforge::cuda::loss

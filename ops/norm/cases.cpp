@@ -79,6 +79,11 @@ std::vector<Case> norm_cases(const NormArgs& spec) {
   add("5x67_inputs_pad8", CaseGroup::edge, {5, 67}, 0.0, {8, 0});
   add("5x67_outputs_pad5", CaseGroup::edge, {5, 67}, spec.has_offset ? 1.0 : 0.0, {0, 5});
   add("3x4097_all_pad3", CaseGroup::edge, {3, 4097}, 0.0, {3, 3});
+  // Shapes of the CUDA backward's few-row cluster (Note [few-row backward cluster]): two rows a
+  // thread (16 x 8192, 48 x 1024) and a last CTA with fewer columns (9 x 4104 bf16: 513 packs).
+  add("16x8192", CaseGroup::edge, {16, 8192});
+  add("48x1024", CaseGroup::edge, {48, 1024});
+  add("9x4104", CaseGroup::edge, {9, 4104});
   if (!spec.in_place.empty()) {  // outputs written over their inputs (vLLM's in-place form)
     add("7x33_in_place", CaseGroup::edge, {7, 33});
     cases.back().in_place = spec.in_place;

@@ -28,6 +28,15 @@
 //   Scratch (counts, bases, CUB's temporary storage) is the per-stream workspace (Note [cuda
 //   workspace]); no allocation after the first call of a size, no host synchronization. Buckets
 //   <= 4096 (32 KiB of shared cursors): the predicate says "more than 4095 experts".
+//   Small problems: up to kSmallPairs = 1024 pairs (16 tokens x top-8 is 128) the four launches
+//   (8.3 us at 128 pairs, hidden 2048 bf16 on an H200, nearly all launch latency) are one:
+//   small_permute_kernel, 128-thread blocks of 4 warps, one warp per pair. Every block puts the
+//   buckets of all pairs in shared memory; the warp of pair p counts rank(p) = #(q: bucket(q) <
+//   bucket(p)) + #(q < p: bucket(q) = bucket(p)) 32 pairs a step with a ballot (the stable row
+//   of the sort above, by its definition), writes inv_perm[p] and copies row p / k of x to it.
+//   Block 0 also writes expert_offsets[b] = #(q: bucket(q) < b): a shared histogram of the
+//   buckets (warp-aggregated shared atomics on integers: totals do not depend on their order)
+//   and a block exclusive scan. Same bits as the sort path for every input, no scratch.
 //
 // moe_unpermute: one block per token (grid y over tokens, capped at 65535 with a stride loop),
 // 256 threads over the row's units (16-byte packs for cuda_vec16, single elements for cuda); each
@@ -36,9 +45,13 @@
 // the j loop is unrolled by 4 without branches, so up to 4 row loads per thread are in flight.
 // 64-bit offsets throughout. Vec16 predicates: 16-byte aligned bases, hidden and row strides
 // multiples of the pack (8 bf16 / f16, 4 f32), as pack_rows_problem says.
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/routing/internal.h"
@@ -49,6 +62,17 @@ namespace cuda::moe {
 namespace {
 
 constexpr int64_t kMaxBuckets = 4096;
+
+// The one-launch path up to kSmallPairs pairs (small_permute_kernel). Every block reads all ids,
+// so the id traffic is pairs^2 / kSmallWarps * 4 bytes (1 MiB at 1024 pairs, a quarter of the
+// rows' 4 MiB at hidden 2048 bf16, and L2 hits) and a warp's rank takes pairs / 32 ballot steps (32 at 1024):
+// both grow with pairs^2 while the launches saved stay 3. 1024 is also where the sort path's
+// first chunk ends (chunk >= 1024), so below it that path runs one block per kernel anyway.
+constexpr int64_t kSmallPairs = 1024;
+// 128-thread blocks (4 pairs each: 32 blocks at 128 pairs, spread over as many SMs), a lane's
+// loads kSmallBatch at a time.
+constexpr int kSmallThreads = 128, kSmallWarps = kSmallThreads / 32;  // one warp per pair
+constexpr int kSmallBatch = 8;
 
 int64_t align_up(int64_t n) { return (n + 255) / 256 * 256; }
 
@@ -122,6 +146,97 @@ template <class T, class I, bool kVec> __global__ void __launch_bounds__(256) co
   }
 }
 
+// ---- moe_permute: the one-launch path (pairs <= kSmallPairs) --------------------------------------
+template <class T, class I, bool kVec> struct SmallArgs {
+  T* out;
+  const T* x;
+  const int32_t* ids;
+  I* inv;
+  int64_t* offsets;
+  int64_t out_stride, x_stride, topk, hidden;
+  int pairs, experts;  // 1 <= pairs <= kSmallPairs, experts + 1 <= kMaxBuckets
+};
+
+// Grid ceil(pairs / kSmallWarps) x kSmallThreads; dynamic shared memory (pairs + experts + 1)
+// ints: the buckets of all pairs, then block 0's histogram (20 KiB at most). Barriers only before
+// the per-warp part and inside block 0's uniform branch, so every thread reaches each of them.
+template <class T, class I, bool kVec>
+__global__ void __launch_bounds__(kSmallThreads) small_permute_kernel(SmallArgs<T, I, kVec> a) {
+  programmatic_prologue();  // Note [programmatic launch]
+  using Scan = cub::BlockScan<int, kSmallThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  extern __shared__ int small_shared[];
+  const int pairs = a.pairs, buckets = a.experts + 1;
+  int* bucket = small_shared;         // [pairs]
+  int* count = small_shared + pairs;  // [buckets], block 0 only
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const bool first = blockIdx.x == 0;
+  for (int q = threadIdx.x; q < pairs; q += kSmallThreads) bucket[q] = bucket_of(a.ids[q], a.experts);
+  if (first)
+    for (int b = threadIdx.x; b < buckets; b += kSmallThreads) count[b] = 0;
+  __syncthreads();
+  if (first) {  // uniform over the block: its barriers are reached by every thread of block 0
+    // Histogram: the lanes of equal bucket (__match_any_sync) add their number once, so a skewed
+    // routing (every pair to one expert) costs one atomic per warp step, not 32.
+    for (int base = warp * 32; base < pairs; base += kSmallThreads) {  // uniform over the warp
+      const int q = base + lane;
+      const int b = q < pairs ? bucket[q] : buckets;  // buckets: no bucket
+      const unsigned group = __match_any_sync(0xffffffffu, b);
+      if (b < buckets && (group & ((1u << lane) - 1u)) == 0) atomicAdd(&count[b], __popc(group));
+    }
+    __syncthreads();
+    // Exclusive scan: thread t sums its run of `per` consecutive buckets, the block scans the run
+    // totals, then the thread walks its run again writing the starts.
+    const int per = (buckets + kSmallThreads - 1) / kSmallThreads;  // <= 32
+    const int lo = min(buckets, int(threadIdx.x) * per), hi = min(buckets, lo + per);
+    int run = 0;
+    for (int b = lo; b < hi; ++b) run += count[b];
+    int start;
+    Scan(scan_storage).ExclusiveSum(run, start);
+    for (int b = lo; b < hi; ++b) {
+      a.offsets[b] = start;  // expert_offsets[0..E]
+      start += count[b];
+    }
+  }
+  const int p = int(blockIdx.x) * kSmallWarps + warp;
+  if (p >= pairs) return;  // the whole warp; no barrier follows
+  const int mine = bucket[p];
+  int row = 0;  // the stable rank: lower buckets, then earlier pairs of the same bucket
+  for (int base = 0; base < pairs; base += 32) {  // uniform over the warp
+    const int q = base + lane;
+    const int b = q < pairs ? bucket[q] : buckets;  // past the end: after every bucket
+    row += __popc(__ballot_sync(0xffffffffu, b < mine || (b == mine && q < p)));
+  }
+  if (lane == 0) a.inv[p] = I(row);
+  // The row copy: kSmallBatch loads a lane issued before the first store (the compiler may not
+  // move a load across a store that could alias it), so a lane's share of a 4 KB row (hidden 2048
+  // bf16: 8 packs) is in flight at once instead of one round trip per pack.
+  constexpr int64_t width = kVec ? Pack<T>::n : 1;
+  using Raw = std::conditional_t<kVec, Pack<T>, T>;
+  const int64_t units = a.hidden / width, t = int64_t(p) / a.topk;
+  T* dst = a.out + int64_t(row) * a.out_stride;
+  const T* src = a.x + t * a.x_stride;
+  for (int64_t base = lane; base < units; base += 32 * kSmallBatch) {
+    Raw v[kSmallBatch];
+#pragma unroll
+    for (int k = 0; k < kSmallBatch; ++k) {
+      const int64_t u = base + 32 * k;
+      if (u < units) {
+        if constexpr (kVec) v[k] = load_pack_readonly(src + u * width);
+        else v[k] = src[u];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kSmallBatch; ++k) {
+      const int64_t u = base + 32 * k;
+      if (u < units) {
+        if constexpr (kVec) store_pack(dst + u * width, v[k]);
+        else dst[u] = v[k];
+      }
+    }
+  }
+}
+
 // 2-D block of 256 threads: x over a row's units (a power of two up to 256), y over rows.
 dim3 rows_block(int64_t units) {
   int bx = 1;
@@ -139,6 +254,29 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
   const int64_t pairs = p.tokens * p.topk, buckets = p.experts + 1;
   if (pairs == 0) {
     OPFORGE_CUDA_CHECK(cudaMemsetAsync(p.offsets, 0, size_t(buckets) * sizeof(int64_t), stream));
+    return;
+  }
+  // OPFORGE_CUDA_MOE_SMALL=0 turns the one-launch path off, for side-by-side timing.
+  static const bool small_path = [] {
+    const char* e = std::getenv("OPFORGE_CUDA_MOE_SMALL");
+    return !(e && std::string_view(e) == "0");
+  }();
+  if (pairs <= kSmallPairs && small_path) {  // one launch (small_permute_kernel)
+    auto small = [&](auto inv_tag) {
+      using I = decltype(inv_tag);
+      dispatch_float(p.dtype, "moe_permute", [&](auto tag) {
+        using T = decltype(tag);
+        SmallArgs<T, I, kVec> a{static_cast<T*>(p.out), static_cast<const T*>(p.x), p.ids,
+                                static_cast<I*>(p.inv), p.offsets, p.out_stride, p.x_stride,
+                                p.topk, p.hidden, int(pairs), int(p.experts)};
+        const dim3 grid(unsigned((pairs + kSmallWarps - 1) / kSmallWarps));
+        const size_t smem = size_t(pairs + buckets) * sizeof(int);
+        launch_programmatic(ctx, "moe_permute small kernel launch", small_permute_kernel<T, I, kVec>, grid,
+                            dim3(kSmallThreads), smem, a);
+      });
+    };
+    if (p.inv_i64) small(int64_t{});
+    else small(int32_t{});
     return;
   }
   int64_t chunk = std::max<int64_t>(1024, (pairs + 65535) / 65536);
@@ -304,10 +442,10 @@ const char* moe_unpermute_cuda_vec16_applicable(const TV& y, const TV& expert_ou
 
 void register_moe_cuda(Registry& reg) {
   reg.add_kernel<MoePermute>(
-      cuda_kernel_desc("cuda_vec16", 200, "stable counting sort (chunk counts, CUB scan, warp ranks), 16-byte row copies", false),
+      cuda_kernel_desc("cuda_vec16", 200, "stable counting sort (one launch up to 1024 pairs; else chunk counts, CUB scan, warp ranks), 16-byte row copies", false),
       &moe_permute_cuda_vec16, &moe_permute_cuda_vec16_applicable);
   reg.add_kernel<MoePermute>(
-      cuda_kernel_desc("cuda", 100, "stable counting sort (chunk counts, CUB scan, warp ranks), element row copies", false),
+      cuda_kernel_desc("cuda", 100, "stable counting sort (one launch up to 1024 pairs; else chunk counts, CUB scan, warp ranks), element row copies", false),
       &moe_permute_cuda, &moe_permute_cuda_applicable);
   reg.add_kernel<MoeUnpermute>(
       cuda_kernel_desc("cuda_vec16", 200, "one block per token, 16-byte loads, f32 weighted sum in j order", false),

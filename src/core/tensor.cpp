@@ -250,6 +250,7 @@ void copy_into(const TensorView& dst, const TensorView& src) {
   if (!(dst.shape_of() == src.shape_of()))
     throw Error(ErrorCode::invalid_argument,
                 "copy: shapes differ: " + dst.shape_of().str() + " vs " + src.shape_of().str());
+  if (src.numel() == 0) return;  // nothing to move, whatever strides an empty view carries
   if (dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous()) {
     copy_bytes(dst.data, dst.device, src.data, src.device, src.numel() * src.itemsize());
     return;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -330,6 +331,38 @@ bool cuda::programmatic_launch_enabled(int device_index) {
     return !(e && std::string(e) == "0");
   }();
   return allowed && cuda_device_props(device_index).cc_major >= 9;
+}
+
+bool cuda::cluster_rows_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("OPFORGE_CUDA_CLUSTER_ROWS");
+    return !(e && std::string(e) == "0");
+  }();
+  return enabled;
+}
+
+bool cuda::cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem) {
+  if (cuda_device_props(device_index).cc_major < 9) return false;
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, int, size_t>, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device_index, kernel, cluster, threads, smem);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(cluster));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  if (status != cudaSuccess) cudaGetLastError();  // a refusal means "does not fit", not an error
+  return known[key] = status == cudaSuccess && clusters > 0;
 }
 
 int64_t cuda_workspace_bytes_for(int64_t bytes) {

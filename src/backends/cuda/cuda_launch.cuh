@@ -122,9 +122,11 @@ void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Par
 // it launch early: another opforge kernel of this kind, or any kernel's end. Launched this way:
 // the norm forwards and backwards (with their dw reductions), layer_norm, the activations
 // (forward and backward), rotary, topk_softmax, grouped_topk, quant_fp8, softmax,
-// cross_entropy, kl_div / jsd / tvd, embedding's gather, moe_permute's copy and moe_unpermute.
-// Not: cooperative launches (softmax's split rows, per-tensor quant, the norm backward's one-launch
-// dw), cluster launches, cross_entropy's split-row forward (measured slower so: 9.9 -> 10.5 us at
+// cross_entropy, kl_div / jsd / tvd, the losses' row reductions, embedding's gather, moe_permute's
+// one-launch path and copy, moe_unpermute, and the norm backward's few-row cluster (launch_cluster).
+// Not: cooperative launches (softmax's split rows, per-tensor
+// quant, the norm backward's one-launch dw), cross_entropy_with_grad's clusters,
+// cross_entropy's split-row forward (measured slower so: 9.9 -> 10.5 us at
 // 16 x 128,256), cuBLASLt GEMMs, attention, and the kernels around CUB's sort.
 __device__ __forceinline__ void programmatic_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -159,6 +161,54 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
   }
   check_launch(what);
 }
+
+// Note [cluster launch] (compute capability 9.0 on): the CTAs of a thread-block cluster are
+// scheduled together on one GPC and read each other's shared memory (distributed shared memory),
+// so a row cut over a cluster's CTAs merges its partial reductions with a cluster barrier
+// (hundreds of nanoseconds) instead of a grid barrier through global memory, and the clusters of
+// a launch never wait for each other: no residency requirement, unlike a cooperative launch.
+// launch_cluster launches `kernel` in clusters of `cluster` CTAs along x (grid.x a multiple of
+// it), with programmatic stream serialization added when the device allows it (Note
+// [programmatic launch]; the kernel then starts with programmatic_prologue()).
+// cluster_launch_fits says whether the device can co-schedule one such cluster at all
+// (cudaOccupancyMaxActiveClusters > 0; asked once per device, kernel and shape): a small MIG
+// slice may not, and the caller then takes another path.
+// The few-row cluster kernels (the norm backward's) also need cluster_rows_enabled(): false
+// when the environment sets OPFORGE_CUDA_CLUSTER_ROWS=0 (read once), for side-by-side timing
+// against the paths they replace.
+bool cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem);
+bool cluster_rows_enabled();
+
+template <class... Params, class... Args>
+void launch_cluster(const Context& ctx, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block,
+                    size_t smem, int cluster, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config =
+      launch_config(ctx, grid, block, smem, attr, programmatic_launch_enabled(ctx.device.index) ? 2 : 1);
+  cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
+  if (status != cudaSuccess && config.numAttrs == 2) {  // a stream that refuses the programmatic attribute
+    cudaGetLastError();
+    config.numAttrs = 1;
+    status = cudaLaunchKernelEx(&config, kernel, args...);
+  }
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw_cuda_error(what, status);
+  }
+  check_launch(what);
+}
+
+// The two halves of a cluster barrier: arrive once this CTA has read the others' shared memory,
+// wait before leaving (a CTA's shared memory must outlive the other CTAs' reads of it). Work
+// between the two (a CTA's stores) overlaps the other CTAs' arrival.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 // Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
 inline unsigned grid_for(int64_t work, int64_t per_block) {
@@ -323,18 +373,23 @@ __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
 // launch need not be cooperative. Writes every block made before arriving are visible to the last
 // one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier. One
 // device-scope fence in thread 0 after the block barrier, as in grid_barrier.
-__device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
+// last_arrival is the same for `arrivals` blocks of a launch that are not all of it (e.g. one
+// CTA per cluster), exactly one of them passing first = true.
+__device__ __forceinline__ bool last_arrival(unsigned* state, unsigned arrivals, bool first) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
+    const unsigned add = first ? 0x80000000u - (arrivals - 1) : 1u;
     const unsigned before = atomicAdd(state, add);
     last = ((before ^ (before + add)) & 0x80000000u) != 0;
     __threadfence();
   }
   __syncthreads();
   return last;
+}
+__device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
+  return last_arrival(state, blocks, blockIdx.x == 0);
 }
 
 // ---- dtype dispatch ------------------------------------------------------------------------------
