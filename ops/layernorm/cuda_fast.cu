@@ -216,18 +216,6 @@ template <class T> void launch_forward(const Context& ctx, const FwdArgs<T>& a) 
 }
 
 // ---- backward ------------------------------------------------------------------------------------
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most `pending` of this thread's newest commit groups are still in flight.
-template <int pending> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
-}
-
 // Shared memory of the backward kernel: kStages stages, each x then dy, K packs a thread.
 __host__ __device__ constexpr int64_t bwd_smem_bytes(int threads, int k) {
   return int64_t(kStages) * 2 * k * threads * 16;

@@ -98,13 +98,6 @@ struct Partial {
   float m, s, sum_z;
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-// Commits this thread's copies and waits for them (the memory clobber keeps the shared-memory
-// reads after it).
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // One unit (a pack or an element) of logits into the statistics: softcap, sum z, online max/sum.
 // kPlain: no softcap and no label smoothing (then neither is looked at).

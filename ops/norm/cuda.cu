@@ -333,8 +333,9 @@ void register_norm_cuda(Registry& reg) {
     return d;
   };
   const char* bwd_vec_summary =
-      "16-byte packs in registers; one cooperative launch, per-block f32 dw partials reduced in "
-      "fixed order after a grid barrier";
+      "16-byte packs in registers; few rows: one thread-block cluster over the columns (dw finished "
+      "per CTA); else one cooperative launch, per-block f32 dw partials reduced in fixed order after "
+      "a grid barrier";
   const char* bwd_scalar_summary =
       "any layout: scalar loads, per-block f32 dw partials reduced in fixed order";
   reg.add_kernel<RmsNormBackward>(bwd_desc("cuda_vec16", 200, bwd_vec_summary),

@@ -210,6 +210,21 @@ void launch_cluster(const Context& ctx, const char* what, void (*kernel)(Params.
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
+// Asynchronous 16-byte copies global -> shared (cp.async, LDGSTS; compute capability 8.0 on),
+// bypassing L1 and registers. A thread's copies form commit groups; cp_async_wait<n> waits until
+// at most n of its newest groups are in flight (cp_async_wait_all: none). The memory clobbers keep
+// the shared-memory reads after the wait. A thread that reads back only what it copied itself
+// needs no barrier (Note [async row pipeline] in ops/layernorm/cuda_fast.cu).
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int pending> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
 inline unsigned grid_for(int64_t work, int64_t per_block) {
   int64_t blocks = (work + per_block - 1) / per_block;
