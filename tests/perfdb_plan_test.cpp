@@ -173,8 +173,9 @@ TEST(PerfdbPlan, InterpolatesWithinOnePlan) {
   std::vector<perfdb::detail::PlanRef> plans;
   for (const auto& p : store) plans.push_back(&p);
   for (double x : {3.0, 5.0, 12.0, 18.0, 19.9, 20.5, 24.0, 40.0, 100.0}) {
-    std::string how;
-    const double planned = perfdb::detail::interp_line_planned(xs, ys, plans, x, Interpolation::floor_power, nullptr, &how);
+    perfdb::detail::LineNote note;
+    const double planned = perfdb::detail::interp_line_planned(xs, ys, plans, x, Interpolation::floor_power, &note);
+    const std::string& how = note.plan;
     EXPECT_NEAR(planned / step_time(x), 1.0, 1e-9) << x << ": " << how;
     EXPECT_FALSE(how.empty()) << x;
     if (x > 16 && x < 32) {
@@ -187,15 +188,15 @@ TEST(PerfdbPlan, InterpolatesWithinOnePlan) {
   // A switch that cannot be placed (the threads decision missing at 32): the whole line answers.
   std::vector<plan::Decision> missing = {{"stream", false, 320, 1e9}};
   plans[5] = &missing;
-  std::string how;
-  EXPECT_EQ(perfdb::detail::interp_line_planned(xs, ys, plans, 24, Interpolation::floor_power, nullptr, &how),
+  perfdb::detail::LineNote note;
+  EXPECT_EQ(perfdb::detail::interp_line_planned(xs, ys, plans, 24, Interpolation::floor_power, &note),
             perfdb::detail::interp_line(xs, ys, 24, Interpolation::floor_power));
-  EXPECT_EQ(how, "across a plan switch it cannot place");
+  EXPECT_EQ(note.plan, "across a plan switch it cannot place");
   // No plans at all: the whole line, and nothing said about plans.
   const std::vector<perfdb::detail::PlanRef> none(xs.size(), nullptr);
-  EXPECT_EQ(perfdb::detail::interp_line_planned(xs, ys, none, 24, Interpolation::floor_power, nullptr, &how),
+  EXPECT_EQ(perfdb::detail::interp_line_planned(xs, ys, none, 24, Interpolation::floor_power, &note),
             perfdb::detail::interp_line(xs, ys, 24, Interpolation::floor_power));
-  EXPECT_TRUE(how.empty());
+  EXPECT_TRUE(note.plan.empty());
 }
 
 TEST(PerfdbPlan, QueriesAndLeaveOneOutUseThePlans) {

@@ -39,7 +39,10 @@
 //                   stay between the neighbours' times on monotone data; the first two follow the
 //                   bend of a launch floor into a bandwidth slope. Where the rows carry plans,
 //                   only the rows of the query's plan take part, and a query past a plan switch
-//                   continues its side's rows (Note [plan lines] in src/perfdb/internal.h). On two axes
+//                   continues its side's rows (Note [plan lines] in src/perfdb/internal.h); rows
+//                   split over the device's T threads go by the busiest thread's ceil(axis / T)
+//                   rows, unless the table's rows vote for the axis (Note [busiest thread's rows]
+//                   in src/perfdb/internal.h). On two axes
 //                   both inside (the four corners must all be stored): the one-axis rule along
 //                   the second axis on every stored line of the first that brackets the query,
 //                   then along the first (Note [two axes by lines] in src/perfdb/database.cpp);
@@ -59,7 +62,9 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "opforge/error.h"
@@ -168,7 +173,7 @@ class Database {
   // Replace the cost model used for extrapolation (an empty function restores perfdb::cost_at).
   void set_cost_model(CostFn fn) { cost_ = std::move(fn); }
   // How queries interpolate along one axis (default Interpolation::floor_power).
-  void set_interpolation(Interpolation m) { interp_ = m; }
+  void set_interpolation(Interpolation m);
   Interpolation interpolation() const { return interp_; }
 
  private:
@@ -177,6 +182,10 @@ class Database {
   std::map<std::string, OpTable> tables_;
   CostFn cost_;
   Interpolation interp_ = Interpolation::floor_power;
+  // (op, axis, impl) whose rows follow the busiest thread's rows (Note [busiest thread's rows] in
+  // src/perfdb/internal.h), voted by their own rows under interp_.
+  std::set<std::tuple<std::string, std::string, std::string>> busiest_;
+  void vote_busiest();
 };
 
 // ---- model-shaped grids (src/perfdb/grid.cpp) ----------------------------------------------

@@ -101,6 +101,11 @@ std::vector<Case> row_cases(const RowSpec& spec) {
   add("5x67_outputs_pad5", CaseGroup::edge, {5, 67}, {0, 5, true});
   add("3x4097_all_pad3", CaseGroup::edge, {3, 4097}, {3, 3});
   add("4x1000_mean_100", CaseGroup::edge, {4, 1000}, {0, 0, false, true});
+  // Few rows of two other shapes (16 x 8192, 48 x 1024) and a row of 513 bf16 packs under a
+  // large mean (9 x 4104).
+  add("16x8192", CaseGroup::edge, {16, 8192});
+  add("48x1024", CaseGroup::edge, {48, 1024});
+  add("9x4104_mean_100", CaseGroup::edge, {9, 4104}, {0, 0, false, true});
   if (spec.in_place) {
     add("7x33_in_place", CaseGroup::edge, {7, 33});
     cases.back().in_place = {{"y", "x"}};

@@ -90,18 +90,25 @@ template <int R> __device__ __forceinline__ void rows_sum(float (&v)[R], int thr
 template <class T>
 __global__ void __launch_bounds__(512) layer_norm_rows_kernel(FwdArgs<T> a) {
   __shared__ float scratch[32];
+  __shared__ float scratch2[2 * 32];
   programmatic_prologue();  // Note [programmatic launch]
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // block-uniform
     const T* x = a.x + row * a.x_stride;
     float sum = 0.0f;
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) sum += to_f32(x[c]);
-    const float mean = block_sum(sum, scratch) / float(a.hidden);
-    float sq = 0.0f;
+    const float mean0 = block_sum(sum, scratch) / float(a.hidden);
+    // Centred sums about mean0 with the correction of the register kernels (a row far from zero
+    // loses the low bits of its f32 sum; sum(d) recovers them): mean = mean0 + sum(d) / n.
+    float cs[2] = {0.0f, 0.0f};  // sum d, sum d^2
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
-      const float d = to_f32(x[c]) - mean;
-      sq += d * d;
+      const float d = to_f32(x[c]) - mean0;
+      cs[0] += d;
+      cs[1] += d * d;
     }
-    const float rstd = rstd_of(block_sum(sq, scratch), a.hidden, a.eps);
+    block_sum_n<2>(cs, scratch2);
+    const float shift = cs[0] / float(a.hidden);
+    const float mean = mean0 + shift;
+    const float rstd = rstd_of(fmaxf(cs[1] - cs[0] * shift, 0.0f), a.hidden, a.eps);
     T* y = a.y + row * a.y_stride;
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
       const float bias = a.b ? to_f32(a.b[c * a.b_stride]) : 0.0f;

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -69,6 +70,53 @@ std::string detail::dims_text(const Dims& dims, const std::vector<std::string>& 
   for (const auto& [d, v] : dims)  // names outside `order` (a malformed query) still show
     if (std::find(order.begin(), order.end(), d) == order.end()) s += fmt::format("{}{}={}", s.empty() ? "" : ", ", d, v);
   return s;
+}
+
+int detail::device_threads(const FileHeader& h) {
+  const std::string& d = h.device;
+  const size_t open = d.rfind('(');
+  if (open == std::string::npos) return 0;
+  int threads = 0;
+  const char* first = d.data() + open + 1;
+  const char* last = d.data() + d.size();
+  auto [p, ec] = std::from_chars(first, last, threads);
+  const std::string rest(p, last);
+  if (ec != std::errc() || !(rest == " threads)" || rest == " thread)")) return 0;
+  return threads;
+}
+
+std::vector<std::vector<const Row*>> detail::axis_lines(const OpTable& t, const std::string& axis) {
+  std::map<std::pair<std::string, std::vector<int64_t>>, std::vector<const Row*>> lines;
+  for (const Row& r : t.rows) {
+    std::vector<int64_t> others;
+    for (const std::string& d : t.dim_names)
+      if (d != axis) others.push_back(r.dims.at(d));
+    lines[{r.impl + "," + r.dtype, others}].push_back(&r);
+  }
+  std::vector<std::vector<const Row*>> out;
+  for (auto& [key, line] : lines) {
+    std::sort(line.begin(), line.end(), [&](const Row* a, const Row* b) { return a->dims.at(axis) < b->dims.at(axis); });
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
+std::map<std::string, detail::BusiestVote> detail::busiest_votes(const OpTable& t, const std::string& axis,
+                                                                 Interpolation method) {
+  std::map<std::string, BusiestVote> votes;
+  const int threads = device_threads(t.header);
+  if (threads < 2) return votes;
+  for (const std::vector<const Row*>& line : axis_lines(t, axis)) {
+    std::vector<double> xs, ys;
+    std::vector<PlanRef> plans;
+    for (const Row* r : line) {
+      xs.push_back(double(r->dims.at(axis)));
+      ys.push_back(r->median_us);
+      plans.push_back(&r->plan);
+    }
+    votes[line.front()->impl] += busiest_vote(xs, ys, plans, threads, method);
+  }
+  return votes;
 }
 
 namespace {
@@ -134,7 +182,7 @@ struct Attempt {
 
 Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
                        const Dims& q, const CostFn& cost, Interpolation interp, const std::vector<const Row*>& match,
-                       int held);
+                       int held, const std::set<std::string>& busiest);
 
 double roofline_us(const Cost& c, const FileHeader& h) {
   double t = c.bytes / (h.ceiling_gbps * 1e3);                          // bytes / (GB/s) in us
@@ -142,8 +190,10 @@ double roofline_us(const Cost& c, const FileHeader& h) {
   return t;
 }
 
+// `busiest`: the axes along which this impl's rows follow the busiest thread's rows (Note
+// [busiest thread's rows] in src/perfdb/internal.h).
 Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
-                    const Dims& q, const CostFn& cost, Interpolation interp) {
+                    const Dims& q, const CostFn& cost, Interpolation interp, const std::set<std::string>& busiest) {
   Attempt out;
   const std::vector<std::string>& axes = t.header.axes;
   std::vector<std::string> fixed;  // the non-axis dims
@@ -198,7 +248,7 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
   std::optional<Attempt> best;
   std::vector<std::string> why;
   for (int held : holds) {
-    Attempt a = answer_on_grid(t, op, impl, dtype, q, cost, interp, match, held);
+    Attempt a = answer_on_grid(t, op, impl, dtype, q, cost, interp, match, held, busiest);
     if (!a.ok) {
       if (std::find(why.begin(), why.end(), a.why) == why.end()) why.push_back(a.why);
     } else if (!best || a.answer.method < best->answer.method ||
@@ -213,7 +263,7 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
 
 Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
                        const Dims& q, const CostFn& cost, Interpolation interp, const std::vector<const Row*>& match,
-                       int held) {
+                       int held, const std::set<std::string>& busiest) {
   Attempt out;
   const std::vector<std::string>& axes = t.header.axes;
   std::vector<Bracket> br(axes.size());
@@ -321,11 +371,15 @@ Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::strin
       es.push_back(r->energy_uj.value_or(0));
     }
     const double x = double(q.at(axes[ia]));
-    Interpolation used = interp;
-    std::string plan_part;  // Note [plan lines] in src/perfdb/internal.h
-    ans.us = detail::interp_line_planned(xs, ts, plans, x, interp, &used, &plan_part);
-    if (energy && line_energy) ans.energy_uj = detail::interp_line_planned(xs, es, plans, x, interp);
-    line_method = fmt::format(" ({}{}{})", interpolation_name(used), plan_part.empty() ? "" : "; ", plan_part);
+    // Notes [plan lines] and [busiest thread's rows] in src/perfdb/internal.h
+    const int threads = busiest.count(axes[ia]) ? detail::device_threads(t.header) : 0;
+    detail::LineNote note;
+    ans.us = detail::interp_line_planned(xs, ts, plans, x, interp, &note, threads, axes[ia]);
+    if (energy && line_energy) ans.energy_uj = detail::interp_line_planned(xs, es, plans, x, interp, nullptr, threads);
+    if (note.stored)
+      line_method = fmt::format(" ({})", note.plan);
+    else
+      line_method = fmt::format(" ({}{}{})", interpolation_name(note.used), note.plan.empty() ? "" : "; ", note.plan);
   }
   // Both axes inside (Note [two axes by lines]): the one-axis rule along the second axis on every
   // stored line of the first axis that brackets the query, then along the first axis through
@@ -453,7 +507,21 @@ Database Database::load(const std::string& system, const std::string& root) {
                                                 header_line(p.string(), "op"), t.header.op, p.stem().string()));
     db.tables_.emplace(t.header.op, std::move(t));
   }
+  db.vote_busiest();
   return db;
+}
+
+void Database::set_interpolation(Interpolation m) {
+  interp_ = m;
+  vote_busiest();
+}
+
+void Database::vote_busiest() {
+  busiest_.clear();
+  for (const auto& [op, t] : tables_)
+    for (const std::string& axis : t.header.axes)
+      for (const auto& [impl, vote] : detail::busiest_votes(t, axis, interp_))
+        if (vote.rows_win()) busiest_.insert({op, axis, impl});
 }
 
 const OpTable& Database::table(const std::string& op) const {
@@ -519,7 +587,10 @@ Answer Database::query(const std::string& op, const std::string& impl, const std
   std::optional<Answer> best;
   std::vector<std::string> why;
   for (const std::string& c : candidates) {
-    Attempt a = answer_impl(t, op, c, dt, dims, cost, interp_);
+    std::set<std::string> busiest;
+    for (const std::string& axis : t.header.axes)
+      if (busiest_.count({op, axis, c})) busiest.insert(axis);
+    Attempt a = answer_impl(t, op, c, dt, dims, cost, interp_, busiest);
     if (!a.ok) {
       why.push_back(candidates.size() > 1 ? c + ": " + a.why : a.why);
     } else if (!best || a.answer.us < best->us) {

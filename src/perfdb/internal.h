@@ -228,49 +228,220 @@ inline int plan_side(PlanRef lo, PlanRef hi, double x_lo, double x_hi, double x)
   return 0;
 }
 
-// interp_line (same arguments) by Note [plan lines]; plans[i] is row i's plan (null: none). `how`,
-// when given, receives a note on the plan's part ("" when the whole line answered).
+// Note [busiest thread's rows]: a CPU kernel that cuts its rows over T threads (Note [balanced
+// tasks] in backends/cpu/tiling.h; its plan says so by a `threads` decision that is on) takes as
+// long as its busiest thread, which gets ceil(rows / T) of them. At a few rows that count is a
+// staircase in the axis: on the 2-thread Xeon VM fused_add_rms_norm at hidden 8,192 takes 3.53 us
+// at 2 tokens (a row a thread), 6.37 at 3 and 6.50 at 4 (two), 9.43 at 6 (three). No curve in the
+// axis follows the stair (they put 3 tokens well below 4); a curve in b = ceil(axis / T) does, and
+// is exact on it: equal busiest rows, equal time. So, within a run of rows whose plan splits them
+// over threads (Note [plan lines]), T the threads of the table's device (its `device` header
+// ends "(T threads)", as `opforge collect` writes it; a GPU's does not, and keeps the rules above):
+//   - the run's rows are placed at b, rows of equal b merged (the geometric mean of their times),
+//     and the query at b = ceil(x / T);
+//   - a query whose b is stored answers with that time; else the one-axis rule runs on the merged
+//     points, or, past a plan switch, the run continues from its end in b (Note [plan lines]);
+//   - where T divides every x involved this is the rule in x itself (every rule here is exact
+//     under a scaling of the axis), so answers change only at sizes that do not split evenly.
+// The plan does not say what the rows are: the axis (rms_norm: rows = tokens), a multiple of it
+// (moe_permute: tokens x k pairs, an even count at 3 tokens), or tiles of elements rather than
+// rows (the activations). So each table's own rows vote, per impl and axis (busiest_vote): every
+// interior row of a split run whose busiest rows lie among those of the rest of its run (beyond
+// them both axes only continue a slope, which says nothing about the stair) and whose prediction
+// differs between the two axes is predicted from the rest of its line both ways. b answers where
+// its summed |log error| is the smaller, and where no row can tell (the plan's word stands); else
+// the axis itself, as before. `how` says where b answered. Leave-one-out on the shipped CPU data
+// (docs/perf/estimator.md, 2026-11-27, 20:00 UTC; a left-out row is out of the vote too):
+// fused_add_rms_norm p90 11.18% -> 8.10%, layer_norm 9.25% -> 7.39%, rms_norm 8.82% -> 7.93%,
+// gemma_fused_add_rms_norm 7.86% -> 6.15%; the vote keeps the axis for moe_permute and the
+// activations, where b alone would raise their p90 from 8-10% to 11-13%.
+inline bool split_over_threads(PlanRef p) {
+  bool any = false;
+  if (p)
+    for (const plan::Decision& d : *p)
+      if (d.key == "threads" || d.key.rfind("threads.", 0) == 0) {
+        if (!d.on) return false;  // part of the call on one thread: not one staircase
+        any = true;
+      }
+  return any;
+}
+
+// The busiest of `threads` threads' rows at axis value x (x rows split evenly).
+inline double busiest_rows(double x, int threads) { return std::ceil(x / double(threads)); }
+
+// What interp_line_planned used, for a query's `how`.
+struct LineNote {
+  Interpolation used = Interpolation::floor_power;  // the one-axis rule that answered, unless `stored`
+  bool stored = false;  // a stored time answered (equal busiest-thread rows, Note [busiest thread's rows])
+  std::string plan;     // the plan's part ("" when the whole line answered)
+};
+
+// interp_line (same arguments) by Note [plan lines]; plans[i] is row i's plan (null: none).
+// `threads` > 1: Note [busiest thread's rows] within runs split over threads, `axis` naming x in
+// `note`. `note`, when given, receives what answered.
 inline double interp_line_planned(const std::vector<double>& xs, const std::vector<double>& ys,
                                   const std::vector<PlanRef>& plans, double x, Interpolation method,
-                                  Interpolation* used = nullptr, std::string* how = nullptr) {
-  if (how) how->clear();
+                                  LineNote* note = nullptr, int threads = 0, const std::string& axis = "x") {
+  LineNote scratch;
+  LineNote& out = note ? *note : scratch;
+  out = LineNote{method, false, ""};
   size_t lo = 0;
   while (lo + 2 < xs.size() && x > xs[lo + 1]) ++lo;
   const size_t hi = lo + 1;
   const bool planned = plans.size() == xs.size() && plans[lo] && plans[hi] && !(plans[lo]->empty() && plans[hi]->empty());
-  if (!planned) return interp_line(xs, ys, x, method, used);
-  const auto sig_lo = plan_signature(plans[lo]), sig_hi = plan_signature(plans[hi]);
-  auto run_of = [&](size_t at, const std::vector<std::pair<std::string, bool>>& sig) {
+  if (!planned) return interp_line(xs, ys, x, method, &out.used);
+  std::vector<std::vector<std::pair<std::string, bool>>> sig(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (plans[i]) sig[i] = plan_signature(plans[i]);
+  auto run_of = [&](size_t at) {
     size_t a = at, b = at;
-    while (a > 0 && plans[a - 1] && plan_signature(plans[a - 1]) == sig) --a;
-    while (b + 1 < xs.size() && plans[b + 1] && plan_signature(plans[b + 1]) == sig) ++b;
+    while (a > 0 && plans[a - 1] && sig[a - 1] == sig[at]) --a;
+    while (b + 1 < xs.size() && plans[b + 1] && sig[b + 1] == sig[at]) ++b;
     return std::pair<size_t, size_t>{a, b};
   };
-  if (sig_lo == sig_hi) {
-    const auto [a, b] = run_of(lo, sig_lo);
-    if (a == 0 && b + 1 == xs.size()) return interp_line(xs, ys, x, method, used);
-    if (how) *how = fmt::format("the {} rows of its plan", b - a + 1);
+  // The run [a, b] on the busiest thread's rows (Note [busiest thread's rows]): merged points,
+  // and the axis values of the rows behind each ("3 and 4").
+  std::vector<double> bx, by;
+  std::vector<std::string> from;
+  auto busiest_points = [&](size_t a, size_t b) {
+    bx.clear();
+    by.clear();
+    from.clear();
+    std::vector<int> count;
+    for (size_t i = a; i <= b; ++i) {
+      const double r = busiest_rows(xs[i], threads);
+      if (bx.empty() || bx.back() != r) {
+        bx.push_back(r);
+        by.push_back(0);
+        count.push_back(0);
+        from.push_back(fmt::format("{}", xs[i]));
+      } else {
+        from.back() += fmt::format(" and {}", xs[i]);
+      }
+      by.back() += std::log(ys[i]);
+      ++count.back();
+    }
+    for (size_t k = 0; k < by.size(); ++k) by[k] = std::exp(by[k] / count[k]);
+  };
+  auto rows_text = [&](double r) {
+    return fmt::format("the busiest of {} threads' rows ceil({} / {}) = {}", threads, axis, threads, r);
+  };
+  const bool busiest = threads > 1;
+  const double bq = busiest ? busiest_rows(x, threads) : 0;
+  if (sig[lo] == sig[hi]) {
+    const auto [a, b] = run_of(lo);
+    const bool whole = a == 0 && b + 1 == xs.size();
+    if (busiest && split_over_threads(plans[lo])) {
+      busiest_points(a, b);
+      const std::string part = whole ? "" : fmt::format("the {} rows of its plan, ", b - a + 1);
+      if (auto at = std::find(bx.begin(), bx.end(), bq); at != bx.end()) {
+        out.stored = true;
+        const size_t k = size_t(at - bx.begin());
+        out.plan = fmt::format("{}{} as stored at {} {}", part, rows_text(bq), axis, from[k]);
+        return by[k];
+      }
+      out.plan = fmt::format("{}along {}", part, rows_text(bq));
+      return interp_line(bx, by, bq, method, &out.used);
+    }
+    if (whole) return interp_line(xs, ys, x, method, &out.used);
+    out.plan = fmt::format("the {} rows of its plan", b - a + 1);
     const std::vector<double> rx(xs.begin() + a, xs.begin() + b + 1), ry(ys.begin() + a, ys.begin() + b + 1);
-    return interp_line(rx, ry, x, method, used);
+    return interp_line(rx, ry, x, method, &out.used);
   }
   const int side = plan_side(plans[lo], plans[hi], xs[lo], xs[hi], x);
   if (side == 0) {
-    if (how) *how = "across a plan switch it cannot place";
-    return interp_line(xs, ys, x, method, used);
+    out.plan = "across a plan switch it cannot place";
+    return interp_line(xs, ys, x, method, &out.used);
   }
   const size_t end = side < 0 ? lo : hi;
-  const auto [a, b] = run_of(end, side < 0 ? sig_lo : sig_hi);
+  const auto [a, b] = run_of(end);
+  const std::string past = fmt::format("past the plan switch between {} and {}: the {} row(s) of its plan", xs[lo],
+                                       xs[hi], b - a + 1);
+  out.used = Interpolation::log_linear;
+  if (busiest && split_over_threads(plans[end])) {
+    busiest_points(a, b);
+    const size_t e = side < 0 ? bx.size() - 1 : 0;  // the merged point at the switch
+    if (bx[e] == bq) {
+      out.stored = true;
+      out.plan = fmt::format("{}, {} as stored at {} {}", past, rows_text(bq), axis, from[e]);
+      return by[e];
+    }
+    double slope = 1;  // log time over log rows
+    if (bx.size() > 1) {
+      const size_t o = side < 0 ? e - 1 : e + 1;
+      slope = std::log(by[e] / by[o]) / std::log(bx[e] / bx[o]);
+    }
+    out.plan = fmt::format("{} continued from {}, along {}", past, xs[end], rows_text(bq));
+    return by[e] * std::pow(bq / bx[e], slope);
+  }
   double slope = 1;  // log time over log axis
-  size_t other = end;
   if (b > a) {
-    other = side < 0 ? end - 1 : end + 1;
+    const size_t other = side < 0 ? end - 1 : end + 1;
     slope = std::log(ys[end] / ys[other]) / std::log(xs[end] / xs[other]);
   }
-  if (used) *used = Interpolation::log_linear;
-  if (how)
-    *how = fmt::format("past the plan switch between {} and {}: the {} row(s) of its plan continued from {}", xs[lo],
-                       xs[hi], b - a + 1, xs[end]);
+  out.plan = fmt::format("{} continued from {}", past, xs[end]);
   return ys[end] * std::pow(x / xs[end], slope);
+}
+
+// Note [busiest thread's rows]: the leave-one-out vote of one line (xs strictly increasing, its
+// rows' plans) between the axis itself and the busiest thread's rows of `threads`.
+struct BusiestVote {
+  int points = 0;          // interior rows of split runs whose two predictions differ
+  double axis_error = 0;   // their summed |log(predicted / measured)| along the axis
+  double rows_error = 0;   // the same along ceil(axis / threads)
+  BusiestVote& operator+=(const BusiestVote& o) {
+    points += o.points;
+    axis_error += o.axis_error;
+    rows_error += o.rows_error;
+    return *this;
+  }
+  BusiestVote& operator-=(const BusiestVote& o) {
+    points -= o.points;
+    axis_error -= o.axis_error;
+    rows_error -= o.rows_error;
+    return *this;
+  }
+  // The plan's word (rows split over threads) stands unless the rows say otherwise.
+  bool rows_win() const { return points == 0 || rows_error < axis_error; }
+};
+
+inline BusiestVote busiest_vote(const std::vector<double>& xs, const std::vector<double>& ys,
+                                const std::vector<PlanRef>& plans, int threads, Interpolation method) {
+  BusiestVote v;
+  if (threads < 2 || plans.size() != xs.size()) return v;
+  bool uneven = false;  // the two axes differ only where some split row's x is not a multiple of threads
+  for (size_t i = 0; i < xs.size(); ++i)
+    uneven = uneven || (split_over_threads(plans[i]) && busiest_rows(xs[i], threads) * threads != xs[i]);
+  if (!uneven) return v;
+  for (size_t i = 1; i + 1 < xs.size(); ++i) {
+    if (!split_over_threads(plans[i])) continue;
+    // Only rows whose busiest rows lie among those of the rest of their run: beyond them both
+    // axes only continue a slope (from a thread's first row, where the cost of waking the
+    // other threads dominates), which says nothing about the stair.
+    const auto sig = plan_signature(plans[i]);
+    size_t a = i, b = i;
+    while (a > 0 && plan_signature(plans[a - 1]) == sig) --a;
+    while (b + 1 < xs.size() && plan_signature(plans[b + 1]) == sig) ++b;
+    const double r = busiest_rows(xs[i], threads);
+    const double r_lo = busiest_rows(xs[a == i ? i + 1 : a], threads);
+    const double r_hi = busiest_rows(xs[b == i ? i - 1 : b], threads);
+    if (a == b || r < r_lo || r > r_hi) continue;
+    std::vector<double> rx, ry;
+    std::vector<PlanRef> rp;
+    for (size_t j = 0; j < xs.size(); ++j)
+      if (j != i) {
+        rx.push_back(xs[j]);
+        ry.push_back(ys[j]);
+        rp.push_back(plans[j]);
+      }
+    const double along_axis = interp_line_planned(rx, ry, rp, xs[i], method);
+    const double along_rows = interp_line_planned(rx, ry, rp, xs[i], method, nullptr, threads);
+    if (std::abs(along_rows / along_axis - 1) < 1e-12) continue;
+    ++v.points;
+    v.axis_error += std::abs(std::log(along_axis / ys[i]));
+    v.rows_error += std::abs(std::log(along_rows / ys[i]));
+  }
+  return v;
 }
 
 // Both axes inside a 2-axis grid (Note [two axes by lines] in src/perfdb/database.cpp): `lines`
@@ -299,5 +470,16 @@ inline std::optional<double> interp_by_lines(const AxisLines& lines, double x0, 
 
 // "a=1, b=2" in the table's column order.
 std::string dims_text(const Dims& dims, const std::vector<std::string>& order);
+
+// The threads the table's device ran on: the "(T threads)" that `opforge collect` writes at the
+// end of a CPU's name (src/perfdb/collect.cpp); 0 where the header does not say (a GPU).
+int device_threads(const FileHeader& h);
+
+// The lines of `t` along `axis`: rows of one impl, dtype and every other dim, sorted by the axis.
+std::vector<std::vector<const Row*>> axis_lines(const OpTable& t, const std::string& axis);
+
+// Note [busiest thread's rows]: busiest_vote of every line of `t` along `axis` (axis_lines),
+// summed per impl, with the threads of the table's device (nothing where it does not say).
+std::map<std::string, BusiestVote> busiest_votes(const OpTable& t, const std::string& axis, Interpolation method);
 
 }  // namespace opforge::perfdb::detail

@@ -5,10 +5,11 @@
 //   - Interior rows (a stored neighbour on both sides of the line) are predicted from the rest of
 //     the line by the database's interpolation (Database::interpolation(), Notes [fixed cost plus
 //     power law] and [monotone cubic in log-log] in src/perfdb/internal.h), exactly as a query
-//     would answer with that row removed
-//     and the other axis on its stored value; |predicted - measured| / measured is recorded. The
-//     same rows are also predicted by the plain rule (log time linear in log axis between the two
-//     neighbours), so that one run shows both. These are the numbers the goal (median <= 3%,
+//     would answer with that row removed and the other axis on its stored value (the row is out
+//     of its table's vote on the busiest thread's rows too, Note [busiest thread's rows] there);
+//     |predicted - measured| / measured is recorded. The same rows are also predicted by the
+//     plain rule (log time linear in log axis between the two neighbours), so that one run shows
+//     both. These are the numbers the goal (median <= 3%,
 //     p90 <= 8%) is about: interpolation inside the grid.
 //   - The two ends of every line with >= 2 rows are predicted from their neighbour on the line by
 //     the query's extrapolation rule (the roofline fraction held, the roofline from the bytes and
@@ -85,29 +86,36 @@ std::vector<ValidationRow> leave_one_out(const Database& db) {
     v.op = op;
     Errors chosen, plain, beyond, below;
     chosen.points = &v.interior;
+    const int threads = detail::device_threads(t.header);
     for (const std::string& axis : t.header.axes) {
-      // Lines: (impl, dtype, every other dim) -> rows sorted by the axis.
-      std::map<std::pair<std::string, std::vector<int64_t>>, std::vector<const Row*>> lines;
-      for (const Row& r : t.rows) {
-        std::vector<int64_t> others;
-        for (const std::string& d : t.dim_names)
-          if (d != axis) others.push_back(r.dims.at(d));
-        lines[{r.impl + "," + r.dtype, others}].push_back(&r);
-      }
-      for (auto& [key, line] : lines) {
-        std::sort(line.begin(), line.end(),
-                  [&](const Row* a, const Row* b) { return a->dims.at(axis) < b->dims.at(axis); });
-        for (size_t i = 1; i + 1 < line.size(); ++i) {
-          std::vector<double> xs, ys;
-          std::vector<detail::PlanRef> plans;
+      // Note [busiest thread's rows]: each impl's vote, less the left-out row's part in it.
+      const std::map<std::string, detail::BusiestVote> votes = detail::busiest_votes(t, axis, db.interpolation());
+      for (const std::vector<const Row*>& line : detail::axis_lines(t, axis)) {
+        auto arrays = [&](size_t skip, std::vector<double>& xs, std::vector<double>& ys,
+                          std::vector<detail::PlanRef>& plans) {
           for (size_t j = 0; j < line.size(); ++j) {
-            if (j == i) continue;
+            if (j == skip) continue;
             xs.push_back(double(line[j]->dims.at(axis)));
             ys.push_back(line[j]->median_us);
             plans.push_back(&line[j]->plan);
           }
+        };
+        std::vector<double> all_x, all_y;
+        std::vector<detail::PlanRef> all_plans;
+        arrays(line.size(), all_x, all_y, all_plans);
+        const auto vote = votes.find(line.front()->impl);
+        const detail::BusiestVote line_vote = detail::busiest_vote(all_x, all_y, all_plans, threads, db.interpolation());
+        for (size_t i = 1; i + 1 < line.size(); ++i) {
+          std::vector<double> xs, ys;
+          std::vector<detail::PlanRef> plans;
+          arrays(i, xs, ys, plans);
+          detail::BusiestVote without = vote != votes.end() ? vote->second : detail::BusiestVote{};
+          without -= line_vote;
+          without += detail::busiest_vote(xs, ys, plans, threads, db.interpolation());
           const double x = double(line[i]->dims.at(axis));
-          chosen.add(detail::interp_line_planned(xs, ys, plans, x, db.interpolation()), *line[i], t, axis);
+          chosen.add(detail::interp_line_planned(xs, ys, plans, x, db.interpolation(), nullptr,
+                                                 without.rows_win() ? threads : 0),
+                     *line[i], t, axis);
           plain.add(detail::interp_line(xs, ys, x, Interpolation::log_linear), *line[i], t, axis);
         }
         if (line.size() < 2) continue;
