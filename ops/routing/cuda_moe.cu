@@ -49,8 +49,6 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "backends/cuda/cuda_launch.cuh"
@@ -257,10 +255,7 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
     return;
   }
   // OPFORGE_CUDA_MOE_SMALL=0 turns the one-launch path off, for side-by-side timing.
-  static const bool small_path = [] {
-    const char* e = std::getenv("OPFORGE_CUDA_MOE_SMALL");
-    return !(e && std::string_view(e) == "0");
-  }();
+  static const bool small_path = !env_off("OPFORGE_CUDA_MOE_SMALL");
   if (pairs <= kSmallPairs && small_path) {  // one launch (small_permute_kernel)
     auto small = [&](auto inv_tag) {
       using I = decltype(inv_tag);

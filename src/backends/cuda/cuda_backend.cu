@@ -326,18 +326,12 @@ const CudaDeviceProps& cuda_device_props(int device_index) {
 }
 
 bool cuda::programmatic_launch_enabled(int device_index) {
-  static const bool allowed = [] {
-    const char* e = std::getenv("OPFORGE_CUDA_PDL");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool allowed = !env_off("OPFORGE_CUDA_PDL");
   return allowed && cuda_device_props(device_index).cc_major >= 9;
 }
 
 bool cuda::cluster_rows_enabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("OPFORGE_CUDA_CLUSTER_ROWS");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool enabled = !env_off("OPFORGE_CUDA_CLUSTER_ROWS");
   return enabled;
 }
 

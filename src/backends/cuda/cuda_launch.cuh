@@ -141,18 +141,16 @@ bool programmatic_launch_enabled(int device_index);
 
 // Launches `kernel`, whose first statement is programmatic_prologue(), on ctx's stream with
 // Note [programmatic launch]; checks the launch like check_launch(what).
+// cudaLaunchKernelEx with `config`. When `programmatic`, its last attribute is the programmatic
+// one, and a stream that refuses it gets the launch without it. A refused launch throws naming
+// `what` (the error cleared, so it does not surface at the next launch); then check_launch(what).
 template <class... Params, class... Args>
-void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Params...), dim3 grid,
-                         dim3 block, size_t smem, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config =
-      launch_config(ctx, grid, block, smem, attr, programmatic_launch_enabled(ctx.device.index) ? 1 : 0);
+void launch_ex(const char* what, cudaLaunchConfig_t config, bool programmatic, void (*kernel)(Params...),
+               Args&&... args) {
   cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
-  if (status != cudaSuccess && config.numAttrs == 1) {  // a stream that refuses the attribute
+  if (status != cudaSuccess && programmatic) {
     cudaGetLastError();
-    config.numAttrs = 0;
+    --config.numAttrs;
     status = cudaLaunchKernelEx(&config, kernel, args...);
   }
   if (status != cudaSuccess) {
@@ -160,6 +158,16 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
     throw_cuda_error(what, status);
   }
   check_launch(what);
+}
+
+template <class... Params, class... Args>
+void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Params...), dim3 grid,
+                         dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  const bool programmatic = programmatic_launch_enabled(ctx.device.index);
+  launch_ex(what, launch_config(ctx, grid, block, smem, attr, programmatic ? 1 : 0), programmatic, kernel, args...);
 }
 
 // Note [cluster launch] (compute capability 9.0 on): the CTAs of a thread-block cluster are
@@ -189,19 +197,8 @@ void launch_cluster(const Context& ctx, const char* what, void (*kernel)(Params.
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config =
-      launch_config(ctx, grid, block, smem, attr, programmatic_launch_enabled(ctx.device.index) ? 2 : 1);
-  cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
-  if (status != cudaSuccess && config.numAttrs == 2) {  // a stream that refuses the programmatic attribute
-    cudaGetLastError();
-    config.numAttrs = 1;
-    status = cudaLaunchKernelEx(&config, kernel, args...);
-  }
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    throw_cuda_error(what, status);
-  }
-  check_launch(what);
+  const bool programmatic = programmatic_launch_enabled(ctx.device.index);
+  launch_ex(what, launch_config(ctx, grid, block, smem, attr, programmatic ? 2 : 1), programmatic, kernel, args...);
 }
 
 // The two halves of a cluster barrier: arrive once this CTA has read the others' shared memory,
@@ -270,6 +267,13 @@ template <class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T
   uint4 raw;
   __builtin_memcpy(&raw, &pack, sizeof(raw));
   *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Whether the environment variable `name` is set to "0" (a switch that turns a default path off,
+// for side-by-side timing). Read by the caller once (static).
+inline bool env_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e && e[0] == '0' && e[1] == '\0';
 }
 
 // Tuning override for a launch constant: the environment variable `name` rounded down to a power of
