@@ -392,23 +392,18 @@ __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
 // launch need not be cooperative. Writes every block made before arriving are visible to the last
 // one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier. One
 // device-scope fence in thread 0 after the block barrier, as in grid_barrier.
-// last_arrival is the same for `arrivals` blocks of a launch that are not all of it (e.g. one
-// CTA per cluster), exactly one of them passing first = true.
-__device__ __forceinline__ bool last_arrival(unsigned* state, unsigned arrivals, bool first) {
+__device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    const unsigned add = first ? 0x80000000u - (arrivals - 1) : 1u;
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
     const unsigned before = atomicAdd(state, add);
     last = ((before ^ (before + add)) & 0x80000000u) != 0;
     __threadfence();
   }
   __syncthreads();
   return last;
-}
-__device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
-  return last_arrival(state, blocks, blockIdx.x == 0);
 }
 
 // ---- dtype dispatch ------------------------------------------------------------------------------
