@@ -106,8 +106,12 @@ GridSpec spec_for(const std::string& grid, DeviceKind device) {
     if (grid == "quick") {
       s.models = {model("Llama-3.1-8B"), model("Qwen3-30B-A3B")};
       s.prefill_batch = {1, 4};
-      s.decode_batch = {1, 4, 32};
-      s.context = {512, 2048, 8192};
+      // Decode: every power of two of batch and context, so that each interior point of the
+      // leave-one-out has neighbours at twice and half its size (with only 1, 4, 32 and 512, 2048,
+      // 8192 the one interior point of a line was predicted across 8x and 16x spans, where the
+      // KV cache leaves one cache level after another).
+      s.decode_batch = {1, 2, 4, 8, 16, 32};
+      s.context = {512, 1024, 2048, 4096, 8192};
     }
   }
   return s;
