@@ -29,8 +29,9 @@
 //  - A cooperative launch of G resident blocks (G from the SM count and the occupancy of this
 //    kernel; with few rows, blocks without rows join only the dw/db reduction, about 8 threads per
 //    column); block b owns the rows [b * C, (b + 1) * C), each thread K 16-byte packs of a row:
-//    K = 1 below 512 packs, else 2 (blockDim.x = packs / K rounded up to a warp, at most 512;
-//    hidden 4096: 256 threads bf16, 512 f32; at most 1024 packs, hidden 8192 bf16, 4096 f32).
+//    K = 1 up to 512 packs with at most 2,048 rows, else 1 below 512 packs and 2 from 512 on
+//    (blockDim.x = packs / K rounded up to a warp, at most 512; hidden 4096: 512 threads bf16 at
+//    few rows, 256 at many, 512 f32; at most 1024 packs, hidden 8192 bf16, 4096 f32).
 //  - Note [async row pipeline]: x and dy of the next kStages - 1 rows are copied to shared memory
 //    with cp.async (16 bytes a pack, LDGSTS) while the current row is reduced and written, so
 //    every block keeps (kStages - 1) * 2 rows of loads in flight through its reductions without
@@ -423,7 +424,17 @@ void launch_backward_k(const Context& ctx, const BwdArgs<T>& a, const TensorView
 template <class T>
 void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw,
                      const TensorView& db) {
-  if (a.hidden / Pack<T>::n >= 512) launch_backward_k<T, 2>(ctx, a, dw, db);
+  // Packs a thread: 1 up to 512 packs a row while the rows are few (up to 2,048), else 2 from 512
+  // packs on. H200, bf16 hidden 4,096 (512 packs), K = 1 / 2: 1 row 6.29 / 6.55 us, 16 rows 6.77 /
+  // 8.80, 1,024 rows 22.3 / 24.7, 16,384 rows 179.9 / 165.1; 1,024 packs (bf16 8,192, f32 4,096)
+  // took 2 at every size measured (docs/perf/gpu-h200-2026-11-27-round15.md). Tuning runs force
+  // K with OPFORGE_CUDA_LN_BWD_K (1 or 2).
+  const int64_t n_packs = a.hidden / Pack<T>::n;
+  static const int forced = env_choice("OPFORGE_CUDA_LN_BWD_K", 1, 2);
+  int k = n_packs < 512 || (n_packs == 512 && a.rows <= 2048) ? 1 : 2;
+  if (forced) k = forced;
+  if (k == 1 && n_packs > kMaxThreads) k = 2;
+  if (k == 2) launch_backward_k<T, 2>(ctx, a, dw, db);
   else launch_backward_k<T, 1>(ctx, a, dw, db);
 }
 

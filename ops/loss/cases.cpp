@@ -97,6 +97,11 @@ std::vector<CeSpec> ce_specs() {
   s.push_back({"4x40_all_ignored_sum", CaseGroup::edge, 4, 40, "sum", 0, 0, 0, {-100}});
   s.push_back({"4x40_all_ignored_mean", CaseGroup::edge, 4, 40, "mean", 0, 0, 0, {-100}});
   s.push_back({"6x40_ignore_index_0", CaseGroup::edge, 6, 40, "none", 0, 0, 0, {0, 5, 0, 39}, 0});
+  // Few rows of a few thousand: a GPU row cut over a cluster of CTAs, with ignored rows, the
+  // reductions and the options.
+  s.push_back({"12x5000_mean_ignore", CaseGroup::edge, 12, 5000, "mean", 0, 0, 0, {3, -100, 4999, 0, -100, 17}});
+  s.push_back({"6x4096_all_ignored_mean", CaseGroup::edge, 6, 4096, "mean", 0, 0, 0, {-100}});
+  s.push_back({"3x20008_sum_all_options", CaseGroup::edge, 3, 20008, "sum", 0.1, 1e-3, 20.0, {7, -100, 20007}, -100, 0, 3.0});
   return s;
 }
 

@@ -17,7 +17,8 @@
 //    pass: 2-D blocks, x over the row's 16-byte packs (or elements), y over rows; each thread
 //    writes dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j == target]) times the softcap's
 //    derivative. The target entry is computed in f32 like every other. For mean, a one-block
-//    launch first counts the kept rows into the workspace.
+//    launch first counts the kept rows into the workspace (up to 64 rows every block counts them
+//    itself, with no launch before it).
 //  - cuda_vec16 (priority 200): 16-byte packs, needs aligned bases and V, row strides multiples
 //    of the pack; cuda (priority 100): single elements, any layout the check accepts.
 //  - lse and dloss are read in whatever floating dtype they have; loss and lse are written as f32.
@@ -261,8 +262,13 @@ template <class T> struct BackwardArgs {
   DType dloss_dtype;
   int64_t dloss_stride;  // 0 for sum / mean (one element)
   const float* kept;     // mean: the count of kept rows (workspace); else null
+  bool count_in_block;   // mean with few rows: every block counts the kept rows itself (kept null)
   Options o;
 };
+// Mean over at most this many rows: the backward's blocks count the kept rows themselves (one
+// target a thread and __syncthreads_count) instead of a one-block launch before them; 16 rows cost a
+// block 16 small loads, which run in the shadow of its logits load.
+constexpr int64_t kCountInBlockRows = 64;
 
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
@@ -271,6 +277,11 @@ __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
   constexpr int W = U::width;
   const int64_t units = p.vocab / W;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  float kept_rows = 0.0f;
+  if (p.count_in_block) {  // every thread of the block takes part (a barrier)
+    const int64_t i = int64_t(threadIdx.y) * blockDim.x + threadIdx.x;
+    kept_rows = float(__syncthreads_count(i < p.rows && p.target[i * p.target_stride] != p.o.ignore_index));
+  }
   if (u >= units) return;  // no barriers below
   const float c_ls = 1.0f - p.o.smoothing, eps = p.o.smoothing / float(p.vocab);
   const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
@@ -289,6 +300,7 @@ __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
     }
     float g = load_float(p.dloss, p.dloss_dtype, row * p.dloss_stride);
     if (p.kept) g /= *p.kept;
+    else if (p.count_in_block) g /= kept_rows;
     const float lse = load_float(p.lse, p.lse_dtype, row * p.lse_stride);
     const float scale = 1.0f + 2.0f * p.o.z_scale * lse;
     const bool bad = t < 0 || t >= p.vocab;
@@ -391,7 +403,8 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
   if (rows == 0 || vocab == 0) return;
   DeviceGuard guard(ctx.device.index);
   const float* kept = nullptr;
-  if (red == Red::mean) {
+  const bool count_in_block = red == Red::mean && rows <= kCountInBlockRows;  // blocks of 256 threads
+  if (red == Red::mean && !count_in_block) {
     float* count = static_cast<float*>(cuda_workspace(ctx, sizeof(float)));
     RowReduce r;
     r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
@@ -409,6 +422,7 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
     p.lse = lse.data, p.lse_dtype = lse.dtype, p.lse_stride = stride0(lse);
     p.dloss = dloss.data, p.dloss_dtype = dloss.dtype, p.dloss_stride = red == Red::none ? stride0(dloss) : 0;
     p.kept = kept;
+    p.count_in_block = count_in_block;
     p.o = o;
     const int64_t units = vocab / UnitOf<T, kVec>::width;
     int bx = 1;

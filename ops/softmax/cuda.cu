@@ -17,7 +17,8 @@
 //    so every thread of a row holds the same bits (deterministic). Each thread keeps up to
 //    kCache of its units in registers; rows longer than kCache x row threads units read the rest
 //    again in the output pass (an L2 hit for the rows in flight).
-//  - Few rows (fewer than SMs): Note [split softmax rows], below.
+//  - Few rows (fewer than SMs): Note [few-row softmax cluster], else Note [split softmax rows],
+//    below.
 //  - cuda_vec16 (priority 200) moves 16-byte packs (8 bf16/f16 or 4 f32): needs 16-byte aligned
 //    bases, row lengths and strides multiples of the pack (the predicate says which fails);
 //    cuda (priority 100) walks single elements and accepts any layout the check accepts.
@@ -30,6 +31,8 @@
 #include <cmath>
 #include <initializer_list>
 
+#include <cooperative_groups.h>
+
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/softmax/row_reduce.cuh"
 #include "ops/softmax/softmax_cuda.h"
@@ -38,6 +41,7 @@ namespace opforge {
 namespace cuda::softmax {
 namespace {
 
+namespace cg = cooperative_groups;
 using namespace cuda::rows;  // NOLINT: UnitOf, Stats, row_stats, row_sum
 
 enum class Kind { softmax, log_softmax, softmax_backward, log_softmax_backward };
@@ -233,6 +237,129 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
   }
 }
 
+// Note [few-row softmax cluster] (compute capability 9.0 on; Note [cluster launch]): with fewer
+// rows than SMs and a row that fits, a row is cut into `ranks` (2..8) contiguous segments, one
+// CTA of 256 threads each, the CTAs of a row forming one thread-block cluster. Every thread holds
+// up to kClusterUnits units of its segment in registers, all loaded at once (one memory round
+// trip); the CTA's partial (forward: max and sum of exp; backward: sum of dy * y or of dy) goes
+// to its shared memory, and after one cluster barrier every CTA fetches the row's partials through
+// distributed shared memory (a thread per rank) and merges them in rank order (every CTA of the
+// row gets the same bits), then writes its segment from the registers. Against the split kernel it replaces there:
+// no cooperative launch (the launch is programmatic), no grid barrier through global memory, no
+// workspace; the clusters of different rows never wait for each other. Small CTAs (an SM holds
+// several) keep a cluster's co-scheduling easy: 16 rows of 8 CTAs need 128 CTA slots, not 128
+// whole SMs. Rows longer than ranks x 256 x kClusterUnits units (bf16: 131,072 elements) take
+// the split kernel.
+constexpr int kClusterThreads = 256;
+constexpr int kClusterUnits = 8;
+constexpr int kClusterCtas = 8;  // the portable cluster size limit
+
+template <class T, bool kVec, Kind kKind>
+__global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Args<T> p, int64_t seg_units) {
+  programmatic_prologue();  // Note [programmatic launch]
+  using U = UnitOf<T, kVec>;
+  constexpr bool kBackward = is_backward(kKind);
+  constexpr int W = U::width;
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  __shared__ Stats part;  // this CTA's partial, read by every CTA of the cluster (backward: the sum in .m)
+  __shared__ Stats parts[kClusterCtas];  // the cluster's partials, in rank order
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
+  const int64_t row = int64_t(blockIdx.x) / ranks;
+  const int64_t units = p.n / W;
+  const int64_t begin = int64_t(rank) * seg_units, end = min(units, begin + seg_units);
+  const T* a = p.a + row * p.a_stride;
+  const T* b = kBackward ? p.b + row * p.b_stride : nullptr;
+  T* out = p.out + row * p.out_stride;
+  typename U::Raw ca[kClusterUnits], cb[kBackward ? kClusterUnits : 1];
+#pragma unroll
+  for (int c = 0; c < kClusterUnits; ++c) {
+    const int64_t u = begin + threadIdx.x + int64_t(c) * kClusterThreads;
+    if (u < end) {
+      ca[c] = U::load(a + u * W);
+      if constexpr (kBackward) cb[c] = U::load(b + u * W);
+    }
+  }
+  // The thread's units are c < live (u = begin + threadIdx.x + c * kClusterThreads).
+  const int64_t ahead = end - begin - int64_t(threadIdx.x);
+  const int live = ahead <= 0 ? 0 : int(min(int64_t(kClusterUnits), (ahead + kClusterThreads - 1) / kClusterThreads));
+  if constexpr (!kBackward) {
+    float v[kClusterUnits][W];
+#pragma unroll
+    for (int c = 0; c < kClusterUnits; ++c) {
+      const typename U::Floats f = U::widen(ca[c]);
+#pragma unroll
+      for (int j = 0; j < W; ++j) v[c][j] = f.v[j];
+    }
+    Stats st = cached_stats<T>(v, live);
+    st = row_stats(st, kClusterThreads, stats_scratch);
+    if (threadIdx.x == 0) part = st;
+  } else {
+    float acc = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kClusterUnits; ++c) {
+      if (begin + threadIdx.x + int64_t(c) * kClusterThreads >= end) continue;
+      const typename U::Floats g = U::widen(ca[c]), y = U::widen(cb[c]);
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc += kKind == Kind::softmax_backward ? g.v[j] * y.v[j] : g.v[j];
+    }
+    acc = row_sum(acc, kClusterThreads, sum_scratch);
+    if (threadIdx.x == 0) part = Stats{acc, 0.0f};
+  }
+  cluster.sync();
+  // Thread r < ranks fetches rank r's partial (one remote load each: every thread fetching all of
+  // them queued 256 x ranks requests on each CTA's shared memory), then every thread merges the
+  // local copies in rank order.
+  if (threadIdx.x < ranks) parts[threadIdx.x] = *cluster.map_shared_rank(&part, threadIdx.x);
+  cluster_arrive();  // done with the other CTAs' shared memory
+  __syncthreads();   // parts
+  Stats total = parts[0];
+  for (unsigned r = 1; r < ranks; ++r) {
+    if constexpr (!kBackward) total = merge(total, parts[r]);
+    else total.m += parts[r].m;
+  }
+  const float inv_s = 1.0f / total.s, log_s = logf(total.s);
+#pragma unroll
+  for (int c = 0; c < kClusterUnits; ++c) {
+    const int64_t u = begin + threadIdx.x + int64_t(c) * kClusterThreads;
+    if (u >= end) continue;
+    if constexpr (!kBackward) {
+      typename U::Floats x = U::widen(ca[c]);
+#pragma unroll
+      for (int j = 0; j < W; ++j)
+        x.v[j] = kKind == Kind::softmax ? exp_of<T>(x.v[j] - total.m) * inv_s : x.v[j] - total.m - log_s;
+      U::store(out + u * W, x);
+    } else {
+      typename U::Floats g = U::widen(ca[c]);
+      const typename U::Floats y = U::widen(cb[c]);
+#pragma unroll
+      for (int j = 0; j < W; ++j)
+        g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total.m) : g.v[j] - exp_of<T>(y.v[j]) * total.m;
+      U::store(out + u * W, g);
+    }
+  }
+  cluster_wait();  // no CTA leaves while another may still read its `part`
+}
+
+// The cluster size of Note [few-row softmax cluster], or 0 for the other paths: the fewest CTAs
+// that hold the row, doubled while the rows' CTAs stay within the SM count and every thread keeps
+// at least one unit; at least 2 (a row one CTA holds whole and no SMs to spread it over goes to
+// softmax_kernel).
+template <class T, bool kVec, Kind kKind>
+int cluster_ranks(int64_t rows, int64_t units, const CudaDeviceProps& props, int device_index) {
+  if (rows >= props.sm_count || !cluster_rows_enabled()) return 0;
+  constexpr int64_t per_cta = int64_t(kClusterThreads) * kClusterUnits;
+  int ranks = 1;
+  while (ranks < kClusterCtas && ranks * per_cta < units) ranks *= 2;
+  if (ranks * per_cta < units) return 0;
+  while (ranks < kClusterCtas && rows * ranks * 2 <= props.sm_count && units >= int64_t(ranks) * 2 * kClusterThreads)
+    ranks *= 2;
+  if (ranks < 2) return 0;
+  const void* kernel = reinterpret_cast<const void*>(softmax_cluster_kernel<T, kVec, kKind>);
+  return cluster_launch_fits(device_index, kernel, ranks, kClusterThreads, 0) ? ranks : 0;
+}
+
 // Segments a row for Note [split softmax rows], or 1 to use softmax_kernel: enough blocks for
 // about one per SM, at most as many as are resident at once, each thread's units in registers.
 template <class T, bool kVec, Kind kKind> int64_t split_count(int64_t rows, int64_t units, const CudaDeviceProps& props) {
@@ -273,6 +400,11 @@ void run(const Context& ctx, const TensorView& out, const TensorView& a, const T
     p.rows = rows;
     p.n = n;
     const int64_t units = n / W;
+    if (const int ranks = cluster_ranks<T, kVec, kKind>(rows, units, props, ctx.device.index)) {
+      launch_cluster(ctx, "softmax cluster launch", softmax_cluster_kernel<T, kVec, kKind>, dim3(unsigned(rows * ranks)),
+                     dim3(kClusterThreads), 0, ranks, p, (units + ranks - 1) / ranks);
+      return;
+    }
     if (int64_t splits = split_count<T, kVec, kKind>(rows, units, props); splits > 1) {
       const int64_t seg_units = (units + splits - 1) / splits;
       splits = (units + seg_units - 1) / seg_units;  // no empty segment

@@ -23,7 +23,18 @@ template <class T, bool kVec> struct UnitOf {
   }
   static __device__ __forceinline__ Floats widen(const Raw& r) {
     Floats f;
-    if constexpr (kVec) {
+    if constexpr (kVec && std::is_same_v<T, __nv_bfloat16>) {
+      // bf16 is the top half of an f32: widen each 32-bit word of the pack with a shift and a
+      // mask, so the raw pack stays four registers (element-wise conversion let the compiler
+      // split it into eight 16-bit values and spill the register-cached rows).
+      uint32_t w[4];
+      __builtin_memcpy(w, &r, sizeof(w));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        f.v[2 * i] = __uint_as_float(w[i] << 16);
+        f.v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      }
+    } else if constexpr (kVec) {
 #pragma unroll
       for (int j = 0; j < width; ++j) f.v[j] = to_f32(r.v[j]);
     } else {
@@ -90,6 +101,31 @@ __device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
   const float m2 = m * kLog2e;
 #pragma unroll
   for (int j = 0; j < W; ++j) s += kFolded ? exp_shifted<T>(v[j], m, m2) : exp_of<T>(v[j] - m);
+  return {m, s};
+}
+
+// Statistics of the `live` first of K units a thread holds in registers (as f32): the max first,
+// a tree with no exp in it, then the sum of exp(x - max), every exp independent of the others.
+// add_unit's online rescaling instead runs one dependent chain (max, exp, sum) through every unit,
+// which is what bounds a thread that holds a whole segment of a row at once.
+template <class T, int K, int W>
+__device__ __forceinline__ Stats cached_stats(const float (&v)[K][W], int live) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < K; ++c)
+    if (c < live)
+#pragma unroll
+      for (int j = 0; j < W; ++j) m = fmaxf(m, v[c][j]);
+  if (m == -INFINITY) return {m, 0.0f};
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < K; ++c) {
+    if (c >= live) continue;
+    float us = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; ++j) us += exp_of<T>(v[c][j] - m);
+    s += us;
+  }
   return {m, s};
 }
 

@@ -181,7 +181,7 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
 // cluster_launch_fits says whether the device can co-schedule one such cluster at all
 // (cudaOccupancyMaxActiveClusters > 0; asked once per device, kernel and shape): a small MIG
 // slice may not, and the caller then takes another path.
-// The few-row cluster kernels (the norm backward's) also need cluster_rows_enabled(): false
+// The few-row cluster kernels (the norm backward's, the softmax family's) also need cluster_rows_enabled(): false
 // when the environment sets OPFORGE_CUDA_CLUSTER_ROWS=0 (read once), for side-by-side timing
 // against the paths they replace.
 bool cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem);
