@@ -211,10 +211,15 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
     __syncthreads();
     if (row < p.rows) {
       const int64_t lo = max(base, row * splits), hi = min(base + n, (row + 1) * splits);
-      for (int64_t e = lo; e < hi; ++e) {
-        const float* in = stage + 3 * (e - base);
-        st = merge(st, Stats{in[0], in[1]});
-        sum_z += in[2];
+      if (lo < hi) {  // this stage's segments of the row, Note [max first] (row_reduce.cuh)
+        float m = -INFINITY, s = 0.0f;
+        for (int64_t e = lo; e < hi; ++e) m = fmaxf(m, stage[3 * (e - base)]);
+        for (int64_t e = lo; e < hi; ++e) {
+          const float* in = stage + 3 * (e - base);
+          s += rescaled(Stats{in[0], in[1]}, m);
+          sum_z += in[2];
+        }
+        st = merge(st, Stats{m, m == -INFINITY ? 0.0f : s});
       }
     }
     __syncthreads();

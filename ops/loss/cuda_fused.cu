@@ -60,7 +60,7 @@ namespace cuda::loss {
 namespace {
 
 namespace cg = cooperative_groups;
-using namespace cuda::rows;  // NOLINT: UnitOf, Stats, add_unit, exp_shifted, merge, row_stats, row_sum
+using namespace cuda::rows;  // NOLINT: UnitOf, Stats, add_unit, exp_shifted, merge_all, row_stats, row_sum
 
 constexpr int kThreads = 256;    // threads of a CTA
 constexpr int kMaxCluster = 8;   // the portable cluster size limit
@@ -211,14 +211,15 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_cluster_kernel(FusedArg
 #pragma unroll
     for (int r = 0; r < kMaxCluster; ++r)  // every remote load issued before the first is used
       if (r < int(ranks)) all[r] = *cluster.map_shared_rank(&partial, unsigned(r));
-    Stats total{-INFINITY, 0.0f};
+    Stats sts[kMaxCluster];
     float total_z = 0.0f;
 #pragma unroll
     for (int r = 0; r < kMaxCluster; ++r)
       if (r < int(ranks)) {
-        total = merge(total, Stats{all[r].m, all[r].s});
+        sts[r] = Stats{all[r].m, all[r].s};
         total_z += all[r].sum_z;
       }
+    const Stats total = merge_all(sts, int(ranks));  // Note [max first]
     const float lse = total.m + logf(total.s);
     row_lse = lse;
     if (writer) {

@@ -204,8 +204,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
   __syncthreads();
   if (threadIdx.x == 0) {
     if constexpr (!kBackward) {
-      Stats st{parts[0], parts[1]};
-      for (int64_t g = 1; g < splits; ++g) st = merge(st, Stats{parts[2 * g], parts[2 * g + 1]});
+      const Stats st = merge_all(reinterpret_cast<const Stats*>(parts), int(splits));  // (m, s) pairs
       merged[0] = st.m, merged[1] = st.s;
     } else {
       float total = parts[0];
@@ -315,10 +314,9 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
   cluster_arrive();  // done with the other CTAs' shared memory
   __syncthreads();   // parts
   Stats total = parts[0];
-  for (unsigned r = 1; r < ranks; ++r) {
-    if constexpr (!kBackward) total = merge(total, parts[r]);
-    else total.m += parts[r].m;
-  }
+  if constexpr (!kBackward) total = merge_all(parts, int(ranks));
+  else
+    for (unsigned r = 1; r < ranks; ++r) total.m += parts[r].m;
   const float inv_s = 1.0f / total.s, log_s = logf(total.s);
 #pragma unroll
   for (int c = 0; c < kClusterUnits; ++c) {

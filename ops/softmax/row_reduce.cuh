@@ -63,6 +63,16 @@ __device__ __forceinline__ Stats merge(Stats a, Stats b) {
   if (m == -INFINITY) return {m, 0.0f};  // both empty (or all -inf)
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
+// The merge of n >= 1 partials in order, Note [max first] (below): the same value as folding
+// merge() over them up to rounding, with the exps off each other's critical path.
+inline __device__ Stats merge_all(const Stats* p, int n) {
+  float m = p[0].m;
+  for (int i = 1; i < n; ++i) m = fmaxf(m, p[i].m);
+  if (m == -INFINITY) return {m, 0.0f};
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) s += p[i].m == -INFINITY ? 0.0f : p[i].s * expf(p[i].m - m);
+  return {m, s};
+}
 // Note [element exp]: exp of an element in the precision its type needs. f32 data gets the
 // accurate expf (a ~20-instruction polynomial; the f32 results must match the reference to a few
 // ulps). bf16 / f16 data gets __expf (ex2.approx on the special-function unit: relative error
@@ -134,16 +144,25 @@ __device__ __forceinline__ Stats cached_stats(const float (&v)[K][W], int live) 
 // partials go through shared memory (`scratch`: one slot per warp of the block) and every thread
 // of the row merges its row's partials in warp order. Every thread of the row ends with the same
 // bits (merge and + are commutative). Every thread of the block must call it (barriers).
+//
+// Note [max first]: (max, sum) partials are combined by taking the max over all of them first
+// (fmax butterflies, no exp) and then adding each sum rescaled by exp(its max - the max): one exp
+// per partial, all independent. Folding merge() pairwise instead puts two exps on the critical
+// path of every butterfly level and of every further partial (5 levels + 8 warps + 8 ranks:
+// about 40 dependent accurate exps, a microsecond of latency in a few-row kernel).
+inline __device__ float rescaled(Stats p, float m) { return p.m == -INFINITY ? 0.0f : p.s * expf(p.m - m); }
 inline __device__ Stats row_stats(Stats st, int rt, Stats* scratch) {
+  float m = st.m;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    st = merge(st, Stats{__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)});
-  if (rt == 32) return st;
+  for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  float s = rescaled(st, m);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+  if (rt == 32) return {m, s};
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = (int(threadIdx.x) / rt) * (rt / 32);
-  if (lane == 0) scratch[warp] = st;
+  if (lane == 0) scratch[warp] = Stats{m, s};
   __syncthreads();
-  Stats total = scratch[first];
-  for (int w = 1; w < rt / 32; ++w) total = merge(total, scratch[first + w]);
+  const Stats total = merge_all(scratch + first, rt / 32);
   __syncthreads();
   return total;
 }
