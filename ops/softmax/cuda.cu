@@ -243,9 +243,9 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 // trip); the CTA's partial (forward: max and sum of exp; backward: sum of dy * y or of dy) goes
 // to its shared memory, and after one cluster barrier every CTA fetches the row's partials through
 // distributed shared memory (a thread per rank) and merges them in rank order (every CTA of the
-// row gets the same bits), then writes its segment from the registers. Against the split kernel it replaces there:
-// no cooperative launch (the launch is programmatic), no grid barrier through global memory, no
-// workspace; the clusters of different rows never wait for each other. Small CTAs (an SM holds
+// row gets the same bits), then writes its segment from the registers. Against the split kernel
+// it replaces there: no cooperative launch (the launch is programmatic), no grid barrier through
+// global memory, no workspace; the clusters of different rows never wait for each other. Small CTAs (an SM holds
 // several) keep a cluster's co-scheduling easy: 16 rows of 8 CTAs need 128 CTA slots, not 128
 // whole SMs. Rows longer than ranks x 256 x kClusterUnits units (bf16: 131,072 elements) take
 // the split kernel.
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
   Stats total = parts[0];
   if constexpr (!kBackward) total = merge_all(parts, int(ranks));
   else
-    for (unsigned r = 1; r < ranks; ++r) total.m += parts[r].m;
+    for (unsigned r = 1; r < ranks; ++r) total.m += parts[r].m;  // the backward's sums
   const float inv_s = 1.0f / total.s, log_s = logf(total.s);
 #pragma unroll
   for (int c = 0; c < kClusterUnits; ++c) {

@@ -63,14 +63,21 @@ __device__ __forceinline__ Stats merge(Stats a, Stats b) {
   if (m == -INFINITY) return {m, 0.0f};  // both empty (or all -inf)
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
-// The merge of n >= 1 partials in order, Note [max first] (below): the same value as folding
-// merge() over them up to rounding, with the exps off each other's critical path.
+// Note [max first]: (max, sum) partials are combined by taking the max over all of them first
+// (fmax butterflies, no exp) and then adding each sum rescaled by exp(its max - the max): one exp
+// per partial, all independent. Folding merge() pairwise instead puts two exps on the critical
+// path of every butterfly level and of every further partial (5 levels + 8 warps + 8 ranks:
+// about 40 dependent accurate exps, a microsecond of latency in a few-row kernel).
+// rescaled: a partial's sum at the common max m (0 for an empty partial).
+inline __device__ float rescaled(Stats p, float m) { return p.m == -INFINITY ? 0.0f : p.s * expf(p.m - m); }
+// The merge of n >= 1 partials in order: the same value as folding merge() over them up to
+// rounding, with the exps off each other's critical path.
 inline __device__ Stats merge_all(const Stats* p, int n) {
   float m = p[0].m;
   for (int i = 1; i < n; ++i) m = fmaxf(m, p[i].m);
   if (m == -INFINITY) return {m, 0.0f};
   float s = 0.0f;
-  for (int i = 0; i < n; ++i) s += p[i].m == -INFINITY ? 0.0f : p[i].s * expf(p[i].m - m);
+  for (int i = 0; i < n; ++i) s += rescaled(p[i], m);
   return {m, s};
 }
 // Note [element exp]: exp of an element in the precision its type needs. f32 data gets the
@@ -140,17 +147,11 @@ __device__ __forceinline__ Stats cached_stats(const float (&v)[K][W], int live) 
 }
 
 // Reductions over the `rt` threads of a row (a power of two, 32 <= rt <= 1024; the rows of a
-// block are consecutive groups of rt threads). Warp butterflies first; for rt > 32 the warp
-// partials go through shared memory (`scratch`: one slot per warp of the block) and every thread
-// of the row merges its row's partials in warp order. Every thread of the row ends with the same
-// bits (merge and + are commutative). Every thread of the block must call it (barriers).
-//
-// Note [max first]: (max, sum) partials are combined by taking the max over all of them first
-// (fmax butterflies, no exp) and then adding each sum rescaled by exp(its max - the max): one exp
-// per partial, all independent. Folding merge() pairwise instead puts two exps on the critical
-// path of every butterfly level and of every further partial (5 levels + 8 warps + 8 ranks:
-// about 40 dependent accurate exps, a microsecond of latency in a few-row kernel).
-inline __device__ float rescaled(Stats p, float m) { return p.m == -INFINITY ? 0.0f : p.s * expf(p.m - m); }
+// block are consecutive groups of rt threads). Warp butterflies first (row_stats: the max, then
+// the rescaled sums, Note [max first]); for rt > 32 the warp partials go through shared memory
+// (`scratch`: one slot per warp of the block) and every thread of the row merges its row's
+// partials in warp order. Every thread of the row ends with the same bits (fmax and + are
+// commutative). Every thread of the block must call it (barriers).
 inline __device__ Stats row_stats(Stats st, int rt, Stats* scratch) {
   float m = st.m;
 #pragma unroll
