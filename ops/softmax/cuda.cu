@@ -48,6 +48,20 @@ enum class Kind { softmax, log_softmax, softmax_backward, log_softmax_backward }
 constexpr bool is_backward(Kind k) { return k == Kind::softmax_backward || k == Kind::log_softmax_backward; }
 constexpr int kCache = 4;  // units kept in registers per thread (a pack is 4 registers)
 
+// The ops' math per element (the header's formulas), one definition for the three kernels:
+// the backward's row-sum term, the forward's output from the row's (max, 1 / sum, log sum), and
+// the backward's output from the row's sum.
+template <Kind kKind> __device__ __forceinline__ float row_term(float g, float y) {
+  return kKind == Kind::softmax_backward ? g * y : g;
+}
+template <class T, Kind kKind>
+__device__ __forceinline__ float forward_out(float x, float m, float inv_s, float log_s) {
+  return kKind == Kind::softmax ? exp_of<T>(x - m) * inv_s : x - m - log_s;
+}
+template <class T, Kind kKind> __device__ __forceinline__ float backward_out(float g, float y, float total) {
+  return kKind == Kind::softmax_backward ? y * (g - total) : g - exp_of<T>(y) * total;
+}
+
 template <class T> struct Args {
   T* out;        // y (forward) or dx (backward)
   const T* a;    // x (forward) or dy (backward)
@@ -95,7 +109,7 @@ __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
       auto emit = [&](int64_t u, typename U::Floats x) {
 #pragma unroll
         for (int j = 0; j < W; ++j)
-          x.v[j] = kKind == Kind::softmax ? exp_of<T>(x.v[j] - st.m) * inv_s : x.v[j] - st.m - log_s;
+          x.v[j] = forward_out<T, kKind>(x.v[j], st.m, inv_s, log_s);
         U::store(out + u * W, x);
       };
 #pragma unroll
@@ -108,7 +122,7 @@ __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
       float acc = 0.0f;
       auto accumulate = [&](const typename U::Floats& g, const typename U::Floats& y) {
 #pragma unroll
-        for (int j = 0; j < W; ++j) acc += kKind == Kind::softmax_backward ? g.v[j] * y.v[j] : g.v[j];
+        for (int j = 0; j < W; ++j) acc += row_term<kKind>(g.v[j], y.v[j]);
       };
 #pragma unroll
       for (int c = 0; c < kCache; ++c) {
@@ -125,7 +139,7 @@ __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
       auto emit = [&](int64_t u, typename U::Floats g, const typename U::Floats& y) {
 #pragma unroll
         for (int j = 0; j < W; ++j)
-          g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total) : g.v[j] - exp_of<T>(y.v[j]) * total;
+          g.v[j] = backward_out<T, kKind>(g.v[j], y.v[j], total);
         U::store(out + u * W, g);
       };
 #pragma unroll
@@ -193,7 +207,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
       if (begin + threadIdx.x + int64_t(c) * kSplitThreads >= end) continue;
       const typename U::Floats g = U::widen(ca[c]), y = U::widen(cb[c]);
 #pragma unroll
-      for (int j = 0; j < W; ++j) acc += kKind == Kind::softmax_backward ? g.v[j] * y.v[j] : g.v[j];
+      for (int j = 0; j < W; ++j) acc += row_term<kKind>(g.v[j], y.v[j]);
     }
     acc = row_sum(acc, kSplitThreads, sum_scratch);
     if (threadIdx.x == 0) mine[0] = acc, mine[1] = 0.0f;
@@ -222,7 +236,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
       typename U::Floats x = U::widen(ca[c]);
 #pragma unroll
       for (int j = 0; j < W; ++j)
-        x.v[j] = kKind == Kind::softmax ? exp_of<T>(x.v[j] - m) * inv_s : x.v[j] - m - log_s;
+        x.v[j] = forward_out<T, kKind>(x.v[j], m, inv_s, log_s);
       U::store(out + u * W, x);
     } else {
       const float total = merged[0];
@@ -230,7 +244,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
       const typename U::Floats y = U::widen(cb[c]);
 #pragma unroll
       for (int j = 0; j < W; ++j)
-        g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total) : g.v[j] - exp_of<T>(y.v[j]) * total;
+        g.v[j] = backward_out<T, kKind>(g.v[j], y.v[j], total);
       U::store(out + u * W, g);
     }
   }
@@ -301,7 +315,7 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
       if (begin + threadIdx.x + int64_t(c) * kClusterThreads >= end) continue;
       const typename U::Floats g = U::widen(ca[c]), y = U::widen(cb[c]);
 #pragma unroll
-      for (int j = 0; j < W; ++j) acc += kKind == Kind::softmax_backward ? g.v[j] * y.v[j] : g.v[j];
+      for (int j = 0; j < W; ++j) acc += row_term<kKind>(g.v[j], y.v[j]);
     }
     acc = row_sum(acc, kClusterThreads, sum_scratch);
     if (threadIdx.x == 0) part = Stats{acc, 0.0f};
@@ -326,14 +340,14 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
       typename U::Floats x = U::widen(ca[c]);
 #pragma unroll
       for (int j = 0; j < W; ++j)
-        x.v[j] = kKind == Kind::softmax ? exp_of<T>(x.v[j] - total.m) * inv_s : x.v[j] - total.m - log_s;
+        x.v[j] = forward_out<T, kKind>(x.v[j], total.m, inv_s, log_s);
       U::store(out + u * W, x);
     } else {
       typename U::Floats g = U::widen(ca[c]);
       const typename U::Floats y = U::widen(cb[c]);
 #pragma unroll
       for (int j = 0; j < W; ++j)
-        g.v[j] = kKind == Kind::softmax_backward ? y.v[j] * (g.v[j] - total.m) : g.v[j] - exp_of<T>(y.v[j]) * total.m;
+        g.v[j] = backward_out<T, kKind>(g.v[j], y.v[j], total.m);
       U::store(out + u * W, g);
     }
   }
