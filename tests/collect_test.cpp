@@ -236,6 +236,30 @@ perfdb::CollectOptions tiny_collection(const std::string& root, std::vector<Dims
   return o;
 }
 
+// Note [passes over a line]: every point of a line is timed once per pass (the second pass runs
+// the line backward), and the line's rows are written once, in grid order.
+TEST(Collect, PassesOverALineWriteEachRowOnceInGridOrder) {
+  const Registry& reg = global_registry();
+  const std::string root = temp_root();
+  const Dims a{{"tokens", 1}, {"hidden", 32}}, b{{"tokens", 3}, {"hidden", 32}}, c{{"tokens", 7}, {"hidden", 32}},
+      other{{"tokens", 2}, {"hidden", 64}};
+  perfdb::CollectOptions o = tiny_collection(root, {c, a, other, b});
+  o.ops = {"rms_norm"};
+  o.impls = {"cpu"};
+  o.passes = 2;
+  perfdb::CollectSummary s = perfdb::collect(reg, o);
+  EXPECT_EQ(s.measured, 4);
+  perfdb::OpTable t = perfdb::read_table(root + "/test-system/rms_norm.csv");
+  ASSERT_EQ(t.rows.size(), 4u);
+  std::vector<std::pair<int64_t, int64_t>> order;
+  for (const perfdb::Row& r : t.rows) {
+    order.push_back({r.dims.at("hidden"), r.dims.at("tokens")});
+    EXPECT_GT(r.median_us, 0);
+  }
+  EXPECT_EQ(order, (std::vector<std::pair<int64_t, int64_t>>{{32, 1}, {32, 3}, {32, 7}, {64, 2}}));
+  std::filesystem::remove_all(root);
+}
+
 TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
   const Registry& reg = global_registry();
   const std::string root = temp_root();

@@ -1,5 +1,6 @@
 // Model configs, the decoder layer as op calls, the estimator against a synthetic perf database
 // written to a temporary folder, support, and run-layer on a tiny config.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@ namespace fs = std::filesystem;
 using namespace opforge;
 using namespace opforge::model;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 namespace {
 
@@ -319,6 +321,63 @@ TEST(Estimator, SumsTheSyntheticDatabaseExactly) {
   }
   EXPECT_NEAR(shares, 1.0, 1e-9);
   EXPECT_THAT(format_estimate(e), HasSubstr("TTFT"));
+}
+
+// Note [ceilings now]: each answer scales by stored / now of the ceiling that bounds the call at
+// the stored ceilings (the synthetic tables: 20 GB/s, 100 GFLOP/s); the unscaled sums stay.
+TEST(Estimator, CeilingsNowScaleEachRowByItsBound) {
+  ModelSpec m = load_model("llama-3.1-8b");
+  EstimateOptions o;
+  o.input_len = 512;
+  o.output_len = 0;
+  const Workload pre = Workload::prefill(1, 512), dec = Workload::decode(1, 512);
+  SyntheticDb db;
+  for (const Workload& w : {pre, dec}) {
+    db.add(decoder_layer(m, w));
+    db.add(model_head(m, w));
+  }
+  db.write();
+  const perfdb::Database d = db.load();
+  const double layer_p = db.expected(decoder_layer(m, pre));
+
+  o.now = {10.0, 50.0};  // both halved: a call its ceiling fully explains takes twice as long
+  Estimate both = estimate(m, d, o);
+  // At 512 tokens every layer call's roofline time at the stored ceilings exceeds its synthetic
+  // time (share 1): the layer doubles exactly.
+  EXPECT_NEAR(both.prefill.layer_us, 2 * layer_p, 1e-9 * layer_p);
+  EXPECT_NEAR(both.prefill.layer_stored_us, layer_p, 1e-9 * layer_p);
+  // A decode step's norm of one token moves 16 KiB, 0.8 us at 20 GB/s, under its stored time:
+  // only that share of it doubles.
+  const EstimateRow& norm = *std::find_if(both.decode.layer.begin(), both.decode.layer.end(),
+                                          [](const EstimateRow& r) { return r.call.name == "input_norm"; });
+  const Cost nc = perfdb::cost_at(norm.call.op, "bf16", norm.call.dims);
+  const double share = nc.bytes / (20.0 * 1e3) / norm.answer.us;
+  ASSERT_LT(share, 1.0);
+  EXPECT_NEAR(norm.scale, share * 2 + (1 - share), 1e-12);
+  EXPECT_GT(both.ttft_us, both.ttft_stored_us);
+  EXPECT_LE(both.ttft_us, 2 * both.ttft_stored_us * (1 + 1e-12));
+
+  o.now = {20.0, 25.0};  // only the GEMM ceiling moved: the GEMMs scale by 4, the norms not at all
+  Estimate gemm = estimate(m, d, o);
+  for (const EstimateRow& r : gemm.prefill.layer) {
+    if (r.call.op == "linear") {
+      EXPECT_DOUBLE_EQ(r.scale, 4.0) << r.call.name;
+      EXPECT_THAT(r.scale_how, HasSubstr("at the GEMM ceiling, 100.0 -> 25.0 GFLOP/s")) << r.call.name;
+    } else if (r.call.op == "rms_norm" || r.call.op == "fused_add_rms_norm" || r.call.modelled_bytes > 0) {
+      EXPECT_DOUBLE_EQ(r.scale, 1.0) << r.call.name;
+    }
+    EXPECT_NEAR(r.total_us, r.stored_total_us * r.scale, 1e-12 * r.total_us);
+  }
+  EXPECT_GT(gemm.prefill.layer_us, layer_p);
+  EXPECT_LT(gemm.prefill.layer_us, 4 * layer_p);
+  EXPECT_THAT(format_estimate(gemm), HasSubstr("scaled to the ceilings measured now"));
+  EXPECT_THAT(estimate_json(gemm), HasSubstr("\"ceilings_now\""));
+
+  o.now = {};  // not scaled: the figures are the stored ones
+  Estimate plain = estimate(m, d, o);
+  EXPECT_EQ(plain.prefill.layer_us, plain.prefill.layer_stored_us);
+  for (const EstimateRow& r : plain.prefill.layer) EXPECT_TRUE(r.scale_how.empty());
+  EXPECT_THAT(format_estimate(plain), Not(HasSubstr("scaled to")));
 }
 
 TEST(Estimator, MissingOpIsPerfDataNotAvailable) {

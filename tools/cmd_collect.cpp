@@ -21,6 +21,7 @@ void add_collect(CLI::App& app, int& status) {
     std::vector<std::string> impls, ops, models, ranges;
     std::vector<int64_t> tp;
     int samples = 0;  // 0: the device's default (perfdb::CollectOptions::samples)
+    int passes = 0;   // 0: the device's default (perfdb::CollectOptions::passes)
     bool dry_run = false;
   };
   auto f = std::make_shared<Flags>();
@@ -37,6 +38,9 @@ void add_collect(CLI::App& app, int& status) {
                   "only points with dim NAME in [LO, HI], as NAME=LO:HI (e.g. tokens=1:4096); repeatable");
   cmd->add_option("--samples", f->samples, "timed samples per point (default: 400 on the CPU, 5 on a GPU)")
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--passes", f->passes,
+                  "passes over each line of the grid, the fastest pass kept (default: 3 on the CPU, 1 on a GPU)")
+      ->check(CLI::Range(1, 10));
   cmd->add_flag("--dry-run", f->dry_run, "measure the ceilings and list what would be measured; write nothing");
   cmd->callback([f, &status] {
     const Registry& reg = global_registry();
@@ -75,6 +79,7 @@ void add_collect(CLI::App& app, int& status) {
     o.dry_run = f->dry_run;
     o.progress = isatty(2);
     o.samples = f->samples;
+    o.passes = f->passes;
     for (const std::string& impl : o.impls) {
       bool known = false;
       for (const OpEntry* op : reg.ops())

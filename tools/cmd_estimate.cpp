@@ -1,13 +1,17 @@
 // opforge estimate --model NAME|config.json --system S [--tp N] [--batch B] [--input-len L]
 //                  [--output-len O] [--dtype bf16] [--impl auto] [--json F] [--root DIR]
-//                  [--interp floor|cubic|linear]
+//                  [--interp floor|cubic|linear] [--calibrate cpu|cuda:N | --ceilings GBPS,GFLOPS]
 // opforge support --model M --system S [same workload flags]: which calls of the model the
 // database answers (the model half of `opforge support`, see cmd_list.cpp).
 #include <iostream>
 #include <memory>
 
+#include <fmt/format.h>
+
 #include "model/estimate.h"
+#include "opforge/collect.h"
 #include "opforge/error.h"
+#include "opforge/registry.h"
 #include "opforge/perfdb.h"
 #include "tools/cli.h"
 
@@ -63,11 +67,32 @@ void add_estimate(CLI::App& app, int& status) {
   cmd->get_option("--model")->required();
   cmd->get_option("--system")->required();
   cmd->add_option("--json", *json, "also write the estimate as JSON to this file");
-  cmd->callback([f, json, &status] {
+  auto calibrate = std::make_shared<std::string>();
+  auto ceilings = std::make_shared<std::vector<double>>();
+  auto* cal = cmd->add_option("--calibrate", *calibrate,
+                              "measure the copy and GEMM ceilings of this device (cpu or cuda:N) now and scale every "
+                              "answer by stored / now of the ceiling that bounds it (Note [ceilings now])");
+  cmd->add_option("--ceilings", *ceilings, "the same scaling to given ceilings: GBPS,GFLOPS (copy, GEMM)")
+      ->delimiter(',')
+      ->expected(2)
+      ->excludes(cal);
+  cmd->callback([f, json, calibrate, ceilings, &status] {
     model::ModelSpec m = model::load_model(f->model);
-    model::validate_options(m, f->options());
+    model::EstimateOptions o = f->options();
+    model::validate_options(m, o);
     perfdb::Database db = f->load_db();
-    model::Estimate e = model::estimate(m, db, f->options());
+    if (!ceilings->empty()) {
+      if (!((*ceilings)[0] > 0) || !((*ceilings)[1] > 0))
+        throw Error(ErrorCode::invalid_argument,
+                    fmt::format("estimate: --ceilings expects two positive numbers GBPS,GFLOPS, got {},{}",
+                                (*ceilings)[0], (*ceilings)[1]));
+      o.now = {(*ceilings)[0], (*ceilings)[1]};
+    } else if (!calibrate->empty()) {
+      const Device d = parse_device(*calibrate);
+      std::cerr << "opforge estimate: measuring the copy and GEMM ceilings of " << d.str() << "\n";
+      o.now = perfdb::measure_ceilings(global_registry(), d.kind, d.index, o.dtype);
+    }
+    model::Estimate e = model::estimate(m, db, o);
     std::cout << model::format_estimate(e);
     if (!json->empty()) {
       model::write_estimate_json(e, *json);

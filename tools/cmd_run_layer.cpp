@@ -1,5 +1,6 @@
 // opforge run-layer --model M (--tokens N | --batch B --context C) [--device cpu|cuda]
-//                   [--dtype bf16] [--repeat R] [--tp N] [--system S [--root DIR]] [--json F]
+//                   [--dtype bf16] [--repeat R] [--tp N] [--system S [--root DIR] [--calibrate]]
+//                   [--json F]
 //
 // Builds one decoder layer of the model from opforge ops with random weights, runs it through the
 // registry's kernels (policy: --ops / --config / OPFORGE_OPS, default all optimized kernels) and
@@ -11,7 +12,9 @@
 #include <optional>
 
 #include "model/run_layer.h"
+#include "opforge/collect.h"
 #include "opforge/error.h"
+#include "opforge/registry.h"
 #include "opforge/perfdb.h"
 #include "tools/cli.h"
 
@@ -25,6 +28,7 @@ struct RunLayerFlags {
   int64_t tokens = 0, batch = 0, context = 0, tp = 1;
   std::string device = "cpu", dtype = "bf16", impl = "auto";
   int repeat = 5;
+  bool calibrate = false;
 };
 
 model::Workload workload_of(const RunLayerFlags& f) {
@@ -50,11 +54,26 @@ void run(const RunLayerFlags& f) {
   model::validate_workload(m, o.workload);
   std::vector<model::EstimateRow> predicted;
   std::optional<perfdb::Database> db;
+  if (f.calibrate && f.system.empty())
+    throw Error(ErrorCode::invalid_argument, "run-layer: --calibrate scales a prediction; give --system too");
   if (!f.system.empty()) {  // before the run: a missing op fails fast
     db = perfdb::Database::load(f.system, f.root);
     predicted = model::estimate_calls(*db, model::decoder_layer(m, o.workload), f.impl, o.workload.dtype);
   }
+  const Device dev = parse_device(o.device);
+  auto ceilings = [&] {
+    std::cerr << "opforge run-layer: measuring the copy and GEMM ceilings of " << dev.str() << "\n";
+    return perfdb::measure_ceilings(global_registry(), dev.kind, dev.index, o.workload.dtype);
+  };
+  perfdb::Ceilings before;
+  if (f.calibrate) before = ceilings();
   model::LayerRun r = model::run_layer(m, o);
+  if (f.calibrate) {  // Note [ceilings now]: the mean of the ceilings just before and just after the run
+    const perfdb::Ceilings after = ceilings();
+    r.ceilings_now = {0.5 * (before.copy_gbps + after.copy_gbps), 0.5 * (before.gemm_gflops + after.gemm_gflops)};
+    predicted = model::estimate_calls(*db, model::decoder_layer(m, o.workload), f.impl, o.workload.dtype,
+                                      r.ceilings_now);
+  }
   const auto* p = f.system.empty() ? nullptr : &predicted;
   std::cout << model::format_run(m, r, p, f.system);
   if (!f.json.empty()) {
@@ -83,6 +102,9 @@ void add_run_layer(CLI::App& app, int& status) {
   cmd->add_option("--impl", f->impl, "impl the prediction is queried for (auto: the fastest stored)");
   cmd->add_option("--root", f->root, "perf data folder (default: $OPFORGE_PERF_DATA, else data/perf)");
   cmd->add_option("--json", f->json, "also write the result as JSON");
+  cmd->add_flag("--calibrate", f->calibrate,
+                "scale the prediction to the copy and GEMM ceilings measured just before and after the run "
+                "(Note [ceilings now]); the unscaled prediction is printed too");
   cmd->callback([f, &status] {
     run(*f);
     status = 0;

@@ -77,6 +77,9 @@ struct CollectOptions {
   // Timed samples per point; 0: the device's default (Note [samples on a shared CPU] in
   // src/perfdb/collect.cpp: kCpuSamples on the CPU, harness.perf_min_samples on a GPU).
   int samples = 0;
+  // Passes over each line of the grid (Note [passes over a line] in src/perfdb/collect.cpp), each
+  // taking samples / passes of a point's samples; 0: the device's default (3 on the CPU, 1 on a GPU).
+  int passes = 0;
   // Where notices go (default: stderr, one line each).
   std::function<void(const std::string&)> notice;
 };
@@ -97,6 +100,12 @@ struct CollectSummary {
 };
 // Runs the collection; throws Error for a header mismatch with an existing file (naming it).
 CollectSummary collect(const Registry& reg, const CollectOptions& opt);
+
+// The copy and GEMM ceilings of `device` measured now, the way `collect` measures those it
+// writes into its headers (Note [collection ceilings] in src/perfdb/collect.cpp); gemm_gflops is
+// 0 when the device has no linear kernel or it failed. A few seconds on the CPU.
+Ceilings measure_ceilings(const Registry& reg, DeviceKind device, int device_index = 0,
+                          const std::string& dtype = "bf16");
 
 // opforge's git commit (`git rev-parse --short HEAD`), "unknown" outside a checkout.
 std::string git_commit();

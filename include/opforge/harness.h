@@ -40,6 +40,7 @@ struct Options {
   int perf_min_samples = 5;
   int perf_max_samples = 50;
   double perf_min_seconds = 0.05;
+  double perf_max_seconds = 5.0;     // host timing stops here once it has 3 samples (slow kernels)
   // Note [cold operands]: > 0: perf mode cycles through copies of the arguments whose inputs add
   // up to at least this many bytes (at most 16 copies), so each timed call finds its operands out
   // of the last-level cache (a GPU's L2, a CPU's L3), as a layer's weights and KV cache are. 0:

@@ -107,6 +107,15 @@ struct Row {
   std::vector<plan::Decision> plan;
 };
 
+// A machine's ceilings as a collection measures them (Note [collection ceilings] in
+// src/perfdb/collect.cpp): copy bandwidth and the GEMM peak of its fastest linear kernel; 0 where
+// one is unknown. Every table's header holds those of its run; perfdb::measure_ceilings
+// (opforge/collect.h) measures them again, e.g. for the estimator's calibration.
+struct Ceilings {
+  double copy_gbps = 0;
+  double gemm_gflops = 0;
+};
+
 struct OpTable {
   FileHeader header;
   std::vector<std::string> dim_names;  // column order

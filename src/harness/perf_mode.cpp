@@ -57,7 +57,7 @@ double time_cpu_us(const Options& opt, KernelCall& call) {
     samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - s0).count() / batch);
     double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (int(samples.size()) >= opt.perf_min_samples && elapsed >= opt.perf_min_seconds) break;
-    if (samples.size() >= 3 && elapsed > 5.0) break;  // slow kernels (references on large cases)
+    if (samples.size() >= 3 && elapsed > opt.perf_max_seconds) break;  // slow kernels (references on large cases)
   }
   return median(samples);
 }

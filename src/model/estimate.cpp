@@ -61,6 +61,14 @@ double sum_us(const std::vector<EstimateRow>& rows) {
   return s;
 }
 
+double stored_us(const std::vector<EstimateRow>& rows) {
+  double s = 0;
+  for (const EstimateRow& r : rows) s += r.stored_total_us;
+  return s;
+}
+
+bool scaled(const perfdb::Ceilings& now) { return now.copy_gbps > 0 || now.gemm_gflops > 0; }
+
 }  // namespace
 
 // Note [ring all-reduce model]: a ring all-reduce moves 2(tp-1)/tp of the buffer through each
@@ -135,8 +143,37 @@ Answer answer_call(const perfdb::Database& db, const OpCall& c, const std::strin
   return db.query(c.op, impl, dtype, c.dims);
 }
 
+double ceiling_scale(const perfdb::Database& db, const OpCall& c, const std::string& dtype,
+                     const perfdb::Ceilings& now, double stored_us, std::string* how) {
+  if (how) how->clear();
+  if (!(now.copy_gbps > 0) && !(now.gemm_gflops > 0)) return 1.0;
+  // The share of the stored time the bounding ceiling explains scales by stored / now; the rest
+  // (launch latency, a kernel below its roofline) stays.
+  auto scale = [&](const char* name, double stored, double measured, const char* unit, double roof_us) {
+    if (!(stored > 0) || !(measured > 0) || !(stored_us > 0)) return 1.0;
+    const double share = std::min(1.0, roof_us / stored_us);
+    const double f = share * (stored / measured) + (1.0 - share);
+    if (how)
+      *how = fmt::format("x{:.3f}: {:.0f}% of it at the {} ceiling, {:.1f} -> {:.1f} {}", f, 100.0 * share, name,
+                         stored, measured, unit);
+    return f;
+  };
+  if (c.modelled_bytes > 0) {
+    const double gbps = copy_ceiling_gbps(db);
+    return scale("copy", gbps, now.copy_gbps, "GB/s", c.modelled_bytes / (gbps * 1e3));
+  }
+  if (c.op == "all_reduce" || !db.has_op(c.op)) return 1.0;
+  const perfdb::FileHeader& h = db.table(c.op).header;
+  const Cost cost = perfdb::cost_at(c.op, dtype, c.dims);
+  const double t_bytes = h.ceiling_gbps > 0 ? cost.bytes / (h.ceiling_gbps * 1e3) : 0;  // us
+  const double t_flops = h.ceiling_gflops > 0 ? cost.flops / (h.ceiling_gflops * 1e3) : 0;
+  if (t_flops > t_bytes) return scale("GEMM", h.ceiling_gflops, now.gemm_gflops, "GFLOP/s", t_flops);
+  return scale("copy", h.ceiling_gbps, now.copy_gbps, "GB/s", t_bytes);
+}
+
 std::vector<EstimateRow> estimate_calls(const perfdb::Database& db, const std::vector<OpCall>& calls,
-                                        const std::string& impl, const std::string& dtype) {
+                                        const std::string& impl, const std::string& dtype,
+                                        const perfdb::Ceilings& now) {
   std::vector<EstimateRow> rows;
   for (const OpCall& c : calls) {
     EstimateRow r;
@@ -146,21 +183,27 @@ std::vector<EstimateRow> estimate_calls(const perfdb::Database& db, const std::v
     } catch (const PerfDataNotAvailable& e) {
       throw PerfDataNotAvailable(c.name + " (" + c.op + " " + dims_str(c.dims, c.op) + "): " + e.what());
     }
-    r.total_us = r.answer.us * double(c.count);
+    r.scale = ceiling_scale(db, c, dtype, now, r.answer.us, &r.scale_how);
+    r.stored_total_us = r.answer.us * double(c.count);
+    r.total_us = r.stored_total_us * r.scale;
     rows.push_back(std::move(r));
   }
   finish_shares(rows, sum_us(rows));
   return rows;
 }
 
-PhaseEstimate estimate_phase(const ModelSpec& m, const perfdb::Database& db, const Workload& w, const std::string& impl) {
+PhaseEstimate estimate_phase(const ModelSpec& m, const perfdb::Database& db, const Workload& w, const std::string& impl,
+                             const perfdb::Ceilings& now) {
   PhaseEstimate p;
   p.workload = w;
-  p.layer = estimate_calls(db, decoder_layer(m, w), impl, w.dtype);
+  p.layer = estimate_calls(db, decoder_layer(m, w), impl, w.dtype, now);
   p.layer_us = sum_us(p.layer);
-  p.head = estimate_calls(db, model_head(m, w), impl, w.dtype);
+  p.head = estimate_calls(db, model_head(m, w), impl, w.dtype, now);
   p.head_us = sum_us(p.head);
   p.total_us = double(m.layers) * p.layer_us + p.head_us;
+  p.layer_stored_us = stored_us(p.layer);
+  p.head_stored_us = stored_us(p.head);
+  p.total_stored_us = double(m.layers) * p.layer_stored_us + p.head_stored_us;
   return p;
 }
 
@@ -195,10 +238,12 @@ Estimate estimate(const ModelSpec& m, const perfdb::Database& db, const Estimate
   e.model = m;
   e.system = db.system();
   e.options = o;
-  e.prefill = estimate_phase(m, db, prefill_of(o), o.impl);
-  e.decode = estimate_phase(m, db, decode_of(o), o.impl);
+  e.prefill = estimate_phase(m, db, prefill_of(o), o.impl, o.now);
+  e.decode = estimate_phase(m, db, decode_of(o), o.impl, o.now);
   e.ttft_us = e.prefill.total_us;
   e.tpot_us = e.decode.total_us;
+  e.ttft_stored_us = e.prefill.total_stored_us;
+  e.tpot_stored_us = e.decode.total_stored_us;
   e.tokens_per_s = e.tpot_us > 0 ? double(o.batch) / (e.tpot_us * 1e-6) : 0;
   return e;
 }
@@ -214,10 +259,11 @@ std::string format_rows(const std::vector<EstimateRow>& rows) {
     const std::string how = (r.answer.how.rfind(method, 0) == 0 ? r.answer.how
                              : r.answer.how.empty()             ? method
                                                                 : method + ": " + r.answer.how) +
-                            (r.call.note.empty() ? "" : " [" + r.call.note + "]");
+                            (r.call.note.empty() ? "" : " [" + r.call.note + "]") +
+                            (r.scale_how.empty() ? "" : " (" + r.scale_how + ")");
     s += fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11.2f} {:>11.2f} {:>5.1f}%  {}\n", r.call.name,
                      r.answer.impl, r.call.op.empty() ? "(modelled)" : r.call.op, dims_str(r.call.dims, r.call.op),
-                     r.call.count, r.answer.us, r.total_us, 100.0 * r.share, how);
+                     r.call.count, r.answer.us * r.scale, r.total_us, 100.0 * r.share, how);
   }
   return s;
 }
@@ -231,14 +277,18 @@ std::string workload_str(const Workload& w) {
   return fmt::format("decode step: {} sequence(s) at context {}, tp {}, {}", w.batch, w.context, w.tp, w.dtype);
 }
 
-std::string format_phase(const ModelSpec& m, const PhaseEstimate& p) {
+std::string format_phase(const ModelSpec& m, const PhaseEstimate& p, bool is_scaled) {
+  auto stored = [&](double us, double scale) {
+    return is_scaled ? fmt::format(" (stored rows: {:.3f})", us / scale) : std::string();
+  };
   std::string s = workload_str(p.workload) + "\n";
   s += " one decoder layer:\n" + format_rows(p.layer);
-  s += fmt::format("  layer total: {:.2f} us x {} layers = {:.3f} ms\n", p.layer_us, m.layers,
-                   p.layer_us * double(m.layers) / 1e3);
+  s += fmt::format("  layer total: {:.2f} us x {} layers = {:.3f} ms{}\n", p.layer_us, m.layers,
+                   p.layer_us * double(m.layers) / 1e3, stored(p.layer_stored_us * double(m.layers), 1e3));
   s += " once per forward:\n" + format_rows(p.head);
-  s += fmt::format("  head total: {:.2f} us\n", p.head_us);
-  s += fmt::format(" {} total: {:.3f} ms\n\n", phase_name(p.workload.phase), p.total_us / 1e3);
+  s += fmt::format("  head total: {:.2f} us{}\n", p.head_us, stored(p.head_stored_us, 1.0));
+  s += fmt::format(" {} total: {:.3f} ms{}\n\n", phase_name(p.workload.phase), p.total_us / 1e3,
+                   stored(p.total_stored_us, 1e3));
   return s;
 }
 
@@ -251,7 +301,9 @@ nlohmann::json rows_json(const std::vector<EstimateRow>& rows) {
                      {"dims", dims},          {"shapes", dims_str(r.call.dims, r.call.op)},
                      {"calls", r.call.count}, {"us_per_call", r.answer.us}, {"us", r.total_us},
                      {"share", r.share},      {"method", perfdb::method_name(r.answer.method)},
-                     {"how", r.answer.how},   {"note", r.call.note}};
+                     {"how", r.answer.how},   {"note", r.call.note},
+                     {"scale", r.scale},      {"scale_how", r.scale_how},
+                     {"us_stored", r.stored_total_us}};
     if (r.answer.energy_uj) j["energy_uj_per_call"] = *r.answer.energy_uj;
     a.push_back(j);
   }
@@ -270,7 +322,10 @@ nlohmann::json phase_json(const ModelSpec& m, const PhaseEstimate& p) {
           {"layers", m.layers},
           {"head", rows_json(p.head)},
           {"head_us", p.head_us},
-          {"total_us", p.total_us}};
+          {"total_us", p.total_us},
+          {"layer_stored_us", p.layer_stored_us},
+          {"head_stored_us", p.head_stored_us},
+          {"total_stored_us", p.total_stored_us}};
 }
 
 }  // namespace
@@ -281,12 +336,20 @@ std::string format_estimate(const Estimate& e) {
                               m.architecture, family_name(m.family), m.layers, m.hidden, m.heads, m.kv_heads,
                               m.head_dim, m.vocab,
                               m.is_moe() ? fmt::format(", {} experts (top {})", m.experts, m.experts_per_token) : "");
-  s += fmt::format("system {}, impl {}, input {} tokens, output {} tokens\n\n", e.system, e.options.impl,
+  s += fmt::format("system {}, impl {}, input {} tokens, output {} tokens\n", e.system, e.options.impl,
                    e.options.input_len, e.options.output_len);
-  s += format_phase(m, e.prefill);
-  s += format_phase(m, e.decode);
+  const bool is_scaled = scaled(e.options.now);
+  if (is_scaled)
+    s += fmt::format("scaled to the ceilings measured now: copy {:.1f} GB/s, GEMM {:.1f} GFLOP/s (each row by the "
+                     "ceiling that bounds it; stored rows' totals in parentheses)\n",
+                     e.options.now.copy_gbps, e.options.now.gemm_gflops);
+  s += "\n" + format_phase(m, e.prefill, is_scaled);
+  s += format_phase(m, e.decode, is_scaled);
   s += fmt::format("TTFT {:.3f} ms   TPOT {:.3f} ms   {:.1f} tokens/s (batch {} / TPOT)\n", e.ttft_us / 1e3,
                    e.tpot_us / 1e3, e.tokens_per_s, e.options.batch);
+  if (is_scaled)
+    s += fmt::format("stored rows unscaled: TTFT {:.3f} ms   TPOT {:.3f} ms\n", e.ttft_stored_us / 1e3,
+                     e.tpot_stored_us / 1e3);
   return s;
 }
 
@@ -308,7 +371,11 @@ std::string estimate_json(const Estimate& e) {
                    {"decode", phase_json(m, e.decode)},
                    {"ttft_us", e.ttft_us},
                    {"tpot_us", e.tpot_us},
-                   {"tokens_per_s", e.tokens_per_s}};
+                   {"tokens_per_s", e.tokens_per_s},
+                   {"ttft_stored_us", e.ttft_stored_us},
+                   {"tpot_stored_us", e.tpot_stored_us}};
+  if (scaled(e.options.now))
+    j["ceilings_now"] = {{"copy_gbps", e.options.now.copy_gbps}, {"gemm_gflops", e.options.now.gemm_gflops}};
   return j.dump(2);
 }
 

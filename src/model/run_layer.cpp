@@ -436,17 +436,21 @@ void Layer::moe_block(const Tensor& x) {
 }
 
 // Rows of the estimate by name, all_reduce left out (not run on one device).
-std::map<std::string, const EstimateRow*> predicted_by_name(const std::vector<EstimateRow>* predicted, double& total) {
+std::map<std::string, const EstimateRow*> predicted_by_name(const std::vector<EstimateRow>* predicted, double& total,
+                                                            double& stored_total) {
   std::map<std::string, const EstimateRow*> by;
-  total = 0;
+  total = stored_total = 0;
   if (!predicted) return by;
   for (const EstimateRow& r : *predicted) {
     if (r.call.op == "all_reduce") continue;
     by[r.call.name] = &r;
     total += r.total_us;
+    stored_total += r.stored_total_us;
   }
   return by;
 }
+
+bool ceilings_known(const perfdb::Ceilings& c) { return c.copy_gbps > 0 || c.gemm_gflops > 0; }
 
 }  // namespace
 
@@ -463,8 +467,12 @@ std::string format_run(const ModelSpec& m, const LayerRun& run, const std::vecto
                                   ? fmt::format("prefill {} x {} tokens", w.batch, w.tokens)
                                   : fmt::format("decode batch {} at context {}", w.batch, w.context),
                               run.device, w.dtype, run.repeat);
-  double ptotal = 0;
-  auto by = predicted_by_name(predicted, ptotal);
+  double ptotal = 0, pstored = 0;
+  auto by = predicted_by_name(predicted, ptotal, pstored);
+  if (predicted && ceilings_known(run.ceilings_now))
+    s += fmt::format("  predictions scaled to the ceilings measured around the run (Note [ceilings now]): copy {:.1f} "
+                     "GB/s, GEMM {:.1f} GFLOP/s\n",
+                     run.ceilings_now.copy_gbps, run.ceilings_now.gemm_gflops);
   s += fmt::format("  {:<16} {:<24} {:<18} {:<56} {:>5} {:>11}", "op", "op name", "kernel", "shapes", "calls", "measured us");
   s += predicted ? fmt::format(" {:>12} {:>7}\n", "predicted us", "pred/meas") : "\n";
   for (const MeasuredRow& r : run.rows) {
@@ -482,6 +490,8 @@ std::string format_run(const ModelSpec& m, const LayerRun& run, const std::vecto
   if (predicted)
     s += fmt::format(", predicted {:.2f} us on system {} (pred/meas {:.3f}){}", ptotal, system, ptotal / run.layer_us,
                      w.tp > 1 ? "; all-reduces left out on both sides" : "");
+  if (predicted && ceilings_known(run.ceilings_now))
+    s += fmt::format("; stored rows unscaled {:.2f} us (pred/meas {:.3f})", pstored, pstored / run.layer_us);
   if (run.host_staged)
     s += "\n  note: some steps ran as host loops with copies through the host (Note [layer timing]); "
          "this run is not a validation of the estimate";
@@ -490,8 +500,8 @@ std::string format_run(const ModelSpec& m, const LayerRun& run, const std::vecto
 
 std::string run_json(const ModelSpec& m, const LayerRun& run, const std::vector<EstimateRow>* predicted,
                      const std::string& system) {
-  double ptotal = 0;
-  auto by = predicted_by_name(predicted, ptotal);
+  double ptotal = 0, pstored = 0;
+  auto by = predicted_by_name(predicted, ptotal, pstored);
   nlohmann::json rows = nlohmann::json::array();
   for (const MeasuredRow& r : run.rows) {
     nlohmann::json j{{"name", r.name}, {"op", r.op},         {"kernel", r.kernel},
@@ -499,6 +509,7 @@ std::string run_json(const ModelSpec& m, const LayerRun& run, const std::vector<
     if (auto it = by.find(r.name); it != by.end()) {
       j["predicted_us"] = it->second->total_us;
       j["predicted_method"] = perfdb::method_name(it->second->answer.method);
+      j["predicted_stored_us"] = it->second->stored_total_us;
     }
     rows.push_back(j);
   }
@@ -512,6 +523,10 @@ std::string run_json(const ModelSpec& m, const LayerRun& run, const std::vector<
     j["system"] = system;
     j["layer_predicted_us"] = ptotal;
     j["ratio_predicted_to_measured"] = ptotal / run.layer_us;
+    j["layer_predicted_stored_us"] = pstored;
+    j["ratio_stored_to_measured"] = pstored / run.layer_us;
+    if (ceilings_known(run.ceilings_now))
+      j["ceilings_now"] = {{"copy_gbps", run.ceilings_now.copy_gbps}, {"gemm_gflops", run.ceilings_now.gemm_gflops}};
   }
   return j.dump(2);
 }

@@ -47,6 +47,9 @@ struct LayerRun {
   // the CPU; "device graph" or "device events" on a GPU.
   std::string layer_timing;
   bool host_staged = false;  // some step ran as a host loop with copies to and from the device
+  // The ceilings measured around the run (`run-layer --calibrate`: the mean of before and after)
+  // that the prediction was scaled to (Note [ceilings now] in model/estimate.h); 0: not scaled.
+  perfdb::Ceilings ceilings_now;
 };
 
 LayerRun run_layer(const ModelSpec& m, const RunLayerOptions& o);

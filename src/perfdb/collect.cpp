@@ -109,6 +109,10 @@ double gemm_ceiling(const Registry& reg, const CollectOptions& opt, double copy_
   return r.status == harness::Status::pass ? r.gflops : 0;
 }
 
+double copy_ceiling(DeviceKind device, int index) {
+  return device == DeviceKind::cpu ? harness::measure_cpu_copy_gbps() : harness::measure_cuda_copy_gbps(index);
+}
+
 struct Job {
   const OpGrid* grid;
   std::string path;
@@ -130,6 +134,22 @@ std::string git_commit() {
   return out.empty() ? "unknown" : out;
 }
 
+Ceilings measure_ceilings(const Registry& reg, DeviceKind device, int device_index, const std::string& dtype) {
+  if (device != DeviceKind::cpu && !device_memory_ops(device))
+    throw Error(ErrorCode::not_available, std::string("ceilings: this build has no ") + device_kind_name(device) + " backend");
+  CollectOptions opt;
+  opt.device = device;
+  opt.device_index = device_index;
+  opt.dtype = dtype;
+  Ceilings c;
+  c.copy_gbps = copy_ceiling(device, device_index);
+  try {
+    c.gemm_gflops = gemm_ceiling(reg, opt, c.copy_gbps);
+  } catch (const std::exception&) {
+    c.gemm_gflops = 0;  // no usable linear kernel: only the copy ceiling is known
+  }
+  return c;
+}
 
 std::string cpu_device_name() {
   std::ifstream f("/proc/cpuinfo");
@@ -195,11 +215,10 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
 
   // Ceilings and the device, once.
   if (opt.progress) std::cerr << "\r\033[Kopforge collect: measuring the copy and GEMM ceilings" << std::flush;
+  sum.ceiling_gbps = opt.copy_gbps > 0 ? opt.copy_gbps : copy_ceiling(opt.device, opt.device_index);
   if (opt.device == DeviceKind::cpu) {
-    sum.ceiling_gbps = opt.copy_gbps > 0 ? opt.copy_gbps : harness::measure_cpu_copy_gbps();
     sum.device_name = cpu_device_name();
   } else {
-    sum.ceiling_gbps = opt.copy_gbps > 0 ? opt.copy_gbps : harness::measure_cuda_copy_gbps(opt.device_index);
     const DeviceMemoryOps* mem = device_memory_ops(opt.device);
     sum.device_name = mem && mem->device_name ? mem->device_name(opt.device_index) : device_kind_name(opt.device);
   }
@@ -334,63 +353,115 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   }
   if (ho.perf_rotate_bytes == 0)
     ho.perf_rotate_bytes = opt.device != DeviceKind::cpu ? int64_t(256) << 20 : 4 * cpu::cpu_info().l3.bytes;
+  // Note [passes over a line]: a shared VM's speed drifts over minutes (on the 2-core Xeon VM the
+  // GEMM ceiling moved 93 -> 130 GFLOP/s within one collection), so points timed one after
+  // another along a line can land in different periods and the line gets steps no interpolation
+  // can follow (attention_decode: single points 25% apart between two collections). On the CPU every line (the points of one
+  // shape that differ only in the axes) is therefore timed in `passes` passes, forward, backward,
+  // forward..., each taking samples / passes of a point's samples and a share of its time cap, and
+  // a point keeps its fastest pass: every point of a line gets the same spread of periods, and
+  // the disturbance the VM adds (it only ever slows a call) is left out the same way for all. It
+  // replaces timing a CPU point under 2 ms three times back to back (a descheduled OpenMP thread
+  // stalls a parallel region for a scheduler tick), now for every point and spread over the line.
+  const int passes = opt.passes > 0 ? opt.passes : opt.device == DeviceKind::cpu ? 3 : 1;
+  harness::Options pass_ho = ho;
+  if (passes > 1) {
+    pass_ho.perf_min_samples = std::max(3, ho.perf_min_samples / passes);
+    pass_ho.perf_max_samples = std::max(pass_ho.perf_min_samples, ho.perf_max_samples / passes);
+    pass_ho.perf_max_seconds = ho.perf_max_seconds / passes;
+  }
+  auto line_key = [](const Job& j) {
+    std::string k = j.grid->op + "," + j.impl;
+    for (const std::string& n : j.grid->dims)
+      if (std::find(j.grid->axes.begin(), j.grid->axes.end(), n) == j.grid->axes.end())
+        k += "," + std::to_string(j.dims.at(n));
+    return k;
+  };
   double measured_seconds = 0;
   int timed = 0;
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const Job& job = jobs[j];
-    const std::string& op = job.grid->op;
-    if (opt.progress) {
-      const double eta = timed ? measured_seconds / timed * double(jobs.size() - j) : -1;
-      std::cerr << "\r\033[K[" << j << "/" << jobs.size() << "] " << op << " " << job.impl << " "
-                << dims_line(*job.grid, job.dims) << "  ETA " << clock_text(eta) << std::flush;
-    }
-    const auto t0 = Clock::now();
-    try {
-      const Cost cost = cost_at(op, opt.dtype, job.dims);
-      harness::PerfExtras extras;
-      extras.cost = &cost;
-      extras.energy_mj = energy;
-      // 0.12 s of calls between two readings of the cumulative counter (updated every few ms on
-      // Hopper): within a few percent, and the energy run no longer dominates a collection.
-      extras.energy_seconds = 0.12;
-      const Case c = case_at(op, job.dims);
+  for (size_t first = 0; first < jobs.size();) {
+    size_t last = first + 1;  // jobs are sorted by shape, then axes: a line is a run of equal keys
+    while (last < jobs.size() && line_key(jobs[last]) == line_key(jobs[first])) ++last;
+    struct Point {
+      Cost cost;
+      Case c;
+      double best_us = -1;
+      double energy_uj = -1;
       std::vector<plan::Decision> decisions;  // Note [plan regimes] in opforge/plan.h
-      harness::Result r;
-      {
-        plan::Recording recording;
-        r = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
-        decisions = recording.decisions();
+      std::string failed;
+    };
+    std::vector<Point> pts(last - first);
+    for (size_t j = first; j < last; ++j) {
+      Point& p = pts[j - first];
+      try {
+        p.cost = cost_at(jobs[j].grid->op, opt.dtype, jobs[j].dims);
+        p.c = case_at(jobs[j].grid->op, jobs[j].dims);
+      } catch (const std::exception& e) {
+        p.failed = e.what();
       }
-      // Note [short points on a shared CPU]: a descheduled OpenMP thread holds a parallel region
-      // for a scheduler tick (ms), which a median of a few samples does not always hide. A CPU
-      // point under 2 ms is therefore measured three times and the lowest median kept.
-      for (int again = 0; again < 2 && opt.device == DeviceKind::cpu &&
-                          r.status == harness::Status::pass && r.median_us < 2000; ++again) {
-        harness::Result r2 = harness::perf_case(reg, ho, op, job.impl, c, dtype, sum.ceiling_gbps, extras);
-        if (r2.status == harness::Status::pass && r2.median_us < r.median_us) r = r2;
-      }
-      if (r.status != harness::Status::pass) {
-        notice(op + " " + job.impl + " " + dims_line(*job.grid, job.dims) + ": " + r.detail);
-        ++sum.not_applicable;
-      } else {
-        Row row;
-        row.impl = job.impl;
-        row.dtype = dtype_text;
-        row.dims = job.dims;
-        row.median_us = r.median_us;
-        row.bytes = cost.bytes;
-        row.flops = cost.flops;
-        if (r.energy_uj >= 0) row.energy_uj = r.energy_uj;
-        row.plan = std::move(decisions);
-        append_rows(job.path, job.grid->dims, {row});
-        ++sum.measured;
-      }
-    } catch (const std::exception& e) {
-      notice(op + " " + job.impl + " " + dims_line(*job.grid, job.dims) + ": " + e.what());
-      ++sum.not_applicable;
     }
-    measured_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    ++timed;
+    for (int pass = 0; pass < passes; ++pass) {
+      for (size_t i = 0; i < pts.size(); ++i) {
+        const size_t at = pass % 2 ? pts.size() - 1 - i : i;
+        const Job& job = jobs[first + at];
+        Point& p = pts[at];
+        if (!p.failed.empty()) continue;
+        if (opt.progress) {
+          const double done_calls = double(timed), all_calls = double(jobs.size()) * passes;
+          const double eta = timed ? measured_seconds / done_calls * (all_calls - done_calls) : -1;
+          std::cerr << "\r\033[K[" << first + at << "/" << jobs.size() << "] " << job.grid->op << " " << job.impl
+                    << " " << dims_line(*job.grid, job.dims)
+                    << (passes > 1 ? "  pass " + std::to_string(pass + 1) + "/" + std::to_string(passes) : "")
+                    << "  ETA " << clock_text(eta) << std::flush;
+        }
+        const auto t0 = Clock::now();
+        try {
+          harness::PerfExtras extras;
+          extras.cost = &p.cost;
+          extras.energy_mj = energy;
+          // 0.12 s of calls between two readings of the cumulative counter (updated every few ms on
+          // Hopper): within a few percent, and the energy run no longer dominates a collection.
+          extras.energy_seconds = 0.12;
+          harness::Result r;
+          {
+            plan::Recording recording;
+            r = harness::perf_case(reg, pass_ho, job.grid->op, job.impl, p.c, dtype, sum.ceiling_gbps, extras);
+            if (pass == 0) p.decisions = recording.decisions();
+          }
+          if (r.status != harness::Status::pass) {
+            p.failed = r.detail;
+          } else if (p.best_us < 0 || r.median_us < p.best_us) {
+            p.best_us = r.median_us;
+            p.energy_uj = r.energy_uj;
+          }
+        } catch (const std::exception& e) {
+          p.failed = e.what();
+        }
+        measured_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        ++timed;
+      }
+    }
+    for (size_t j = first; j < last; ++j) {  // the line's rows, in grid order
+      const Job& job = jobs[j];
+      const Point& p = pts[j - first];
+      if (!p.failed.empty() || p.best_us < 0) {
+        notice(job.grid->op + " " + job.impl + " " + dims_line(*job.grid, job.dims) + ": " + p.failed);
+        ++sum.not_applicable;
+        continue;
+      }
+      Row row;
+      row.impl = job.impl;
+      row.dtype = dtype_text;
+      row.dims = job.dims;
+      row.median_us = p.best_us;
+      row.bytes = p.cost.bytes;
+      row.flops = p.cost.flops;
+      if (p.energy_uj >= 0) row.energy_uj = p.energy_uj;
+      row.plan = p.decisions;
+      append_rows(job.path, job.grid->dims, {row});
+      ++sum.measured;
+    }
+    first = last;
   }
   if (opt.progress) std::cerr << "\r\033[K" << std::flush;
   if (sum.measured > 0 && sum.ceiling_gflops > 0 && opt.gemm_gflops <= 0) {  // Note [ceiling drift]
