@@ -78,7 +78,7 @@ struct CollectOptions {
   // src/perfdb/collect.cpp: kCpuSamples on the CPU, harness.perf_min_samples on a GPU).
   int samples = 0;
   // Passes over each line of the grid (Note [passes over a line] in src/perfdb/collect.cpp), each
-  // taking samples / passes of a point's samples; 0: the device's default (3 on the CPU, 1 on a GPU).
+  // with 1 / passes of a point's time cap; 0: the device's default (3 on the CPU, 1 on a GPU).
   int passes = 0;
   // Where notices go (default: stderr, one line each).
   std::function<void(const std::string&)> notice;

@@ -356,20 +356,17 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   // Note [passes over a line]: a shared VM's speed drifts over minutes (on the 2-core Xeon VM the
   // GEMM ceiling moved 93 -> 130 GFLOP/s within one collection), so points timed one after
   // another along a line can land in different periods and the line gets steps no interpolation
-  // can follow (attention_decode: single points 25% apart between two collections). On the CPU every line (the points of one
-  // shape that differ only in the axes) is therefore timed in `passes` passes, forward, backward,
-  // forward..., each taking samples / passes of a point's samples and a share of its time cap, and
-  // a point keeps its fastest pass: every point of a line gets the same spread of periods, and
+  // can follow (attention_decode: single points 25% apart between two collections). On the CPU
+  // every line (the points of one shape that differ only in the axes) is therefore timed in
+  // `passes` passes, forward, backward, forward..., each taking the point's samples within 1 / passes of its time cap (so a call
+  // under ~4 ms gets all its samples in every pass, a slower one the same time in all), and a
+  // point keeps its fastest pass: every point of a line gets the same spread of periods, and
   // the disturbance the VM adds (it only ever slows a call) is left out the same way for all. It
   // replaces timing a CPU point under 2 ms three times back to back (a descheduled OpenMP thread
   // stalls a parallel region for a scheduler tick), now for every point and spread over the line.
   const int passes = opt.passes > 0 ? opt.passes : opt.device == DeviceKind::cpu ? 3 : 1;
   harness::Options pass_ho = ho;
-  if (passes > 1) {
-    pass_ho.perf_min_samples = std::max(3, ho.perf_min_samples / passes);
-    pass_ho.perf_max_samples = std::max(pass_ho.perf_min_samples, ho.perf_max_samples / passes);
-    pass_ho.perf_max_seconds = ho.perf_max_seconds / passes;
-  }
+  pass_ho.perf_max_seconds = ho.perf_max_seconds / passes;
   auto line_key = [](const Job& j) {
     std::string k = j.grid->op + "," + j.impl;
     for (const std::string& n : j.grid->dims)
