@@ -70,8 +70,8 @@ void add_estimate(CLI::App& app, int& status) {
   auto calibrate = std::make_shared<std::string>();
   auto ceilings = std::make_shared<std::vector<double>>();
   auto* cal = cmd->add_option("--calibrate", *calibrate,
-                              "measure the copy and GEMM ceilings of this device (cpu or cuda:N) now and scale every "
-                              "answer by stored / now of the ceiling that bounds it (Note [ceilings now])");
+                              "measure the copy and GEMM ceilings of this device (cpu or cuda:N) now and scale the part "
+                              "of every answer its bounding ceiling explains by stored / now (Note [ceilings now])");
   cmd->add_option("--ceilings", *ceilings, "the same scaling to given ceilings: GBPS,GFLOPS (copy, GEMM)")
       ->delimiter(',')
       ->expected(2)
