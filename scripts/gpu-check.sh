@@ -28,7 +28,9 @@
 # GPU_CHECK_RUN_LAYER (non-empty: step 3c, `opforge run-layer` against the estimate for
 # GPU_CHECK_RUN_LAYER_MODELS, default "llama-3.1-8b qwen3-30b-a3b", prefill 512 / 2048 / 8192 tokens
 # and decode batch 1 / 32 / 256 at context 2048, from the collected or the tree's database;
-# "calibrate": the same with `--calibrate`, the prediction also scaled to the card's ceilings),
+# "calibrate": the same with `--calibrate`, the prediction also scaled to the card's ceilings;
+# GPU_CHECK_RUN_LAYER_GRAPHS lists the --graph-layers values to run, default 20, and
+# GPU_CHECK_RUN_LAYER_SECONDS the step's time, default 300),
 # GPU_CHECK_CXX_FLAGS (extra host-compiler flags, e.g. "-include cstdint" to get past a header that
 # leans on an include the GPU machine's newer libstdc++ no longer makes for it).
 # Needs CMake >= 3.26 on the GPU machine (older CMake cannot ask nvcc for C++20).
@@ -293,20 +295,22 @@ if [[ $built -eq 1 ]]; then
       [[ -d $data/$system ]] || data=data/perf
       local m cal=()
       [[ ${GPU_CHECK_RUN_LAYER:-} == calibrate ]] && cal=(--calibrate)
-      for m in ${GPU_CHECK_RUN_LAYER_MODELS:-llama-3.1-8b qwen3-30b-a3b}; do
-        for t in 512 2048 8192; do
-          OPFORGE_PERF_DATA="$data" "$BIN" run-layer --model "$m" --tokens "$t" --device cuda --system "$system" \
-            --repeat 10 "${cal[@]}" || echo "run-layer $m prefill $t failed"
-        done
-        for b in 1 32 256; do
-          OPFORGE_PERF_DATA="$data" "$BIN" run-layer --model "$m" --batch "$b" --context 2048 --device cuda \
-            --system "$system" --repeat 10 "${cal[@]}" || echo "run-layer $m decode batch $b failed"
+      for g in ${GPU_CHECK_RUN_LAYER_GRAPHS:-20}; do
+        for m in ${GPU_CHECK_RUN_LAYER_MODELS:-llama-3.1-8b qwen3-30b-a3b}; do
+          for t in 512 2048 8192; do
+            OPFORGE_PERF_DATA="$data" "$BIN" run-layer --model "$m" --tokens "$t" --device cuda --system "$system" \
+              --repeat 10 --graph-layers "$g" "${cal[@]}" || echo "run-layer $m prefill $t failed"
+          done
+          for b in 1 32 256; do
+            OPFORGE_PERF_DATA="$data" "$BIN" run-layer --model "$m" --batch "$b" --context 2048 --device cuda \
+              --system "$system" --repeat 10 --graph-layers "$g" "${cal[@]}" || echo "run-layer $m decode batch $b failed"
+          done
         done
       done
     }
     export -f run_layers
-    export GPU_CHECK_COLLECT GPU_CHECK_RUN_LAYER GPU_CHECK_RUN_LAYER_MODELS PERF_ROOT
-    run_step run_layer "$OUT/bench.log" 300 run_layers
+    export GPU_CHECK_COLLECT GPU_CHECK_RUN_LAYER GPU_CHECK_RUN_LAYER_MODELS GPU_CHECK_RUN_LAYER_GRAPHS PERF_ROOT
+    run_step run_layer "$OUT/bench.log" "${GPU_CHECK_RUN_LAYER_SECONDS:-300}" run_layers
   fi
 
   # ---- 3b. side by side with torch (eager, torch.compile) on this card ---------------------------

@@ -260,6 +260,44 @@ TEST(Collect, PassesOverALineWriteEachRowOnceInGridOrder) {
   std::filesystem::remove_all(root);
 }
 
+TEST(Collect, ReplaceMeasuresTheSelectedPointsAgainAndKeepsTheRest) {
+  const Registry& reg = global_registry();
+  const std::string root = temp_root();
+  const Dims a{{"tokens", 2}, {"hidden", 16}}, b{{"tokens", 5}, {"hidden", 16}};
+  perfdb::CollectOptions o = tiny_collection(root, {a, b});
+  o.ops = {"rms_norm"};
+  o.impls = {"cpu"};
+  perfdb::collect(reg, o);
+  const std::string path = root + "/test-system/rms_norm.csv";
+  // Mark the stored rows so that a re-measured one is told apart from a kept one.
+  perfdb::OpTable t = perfdb::read_table(path);
+  ASSERT_EQ(t.rows.size(), 2u);
+  for (perfdb::Row& r : t.rows) r.median_us = 12345.0;
+  perfdb::write_table(t, path);
+
+  perfdb::CollectOptions again = tiny_collection(root, {b});
+  again.ops = {"rms_norm"};
+  again.impls = {"cpu"};
+  perfdb::CollectSummary plain = perfdb::collect(reg, again);  // without --replace: resumes, nothing to do
+  EXPECT_EQ(plain.measured, 0);
+  EXPECT_EQ(plain.already_present, 1);
+  again.replace = true;
+  perfdb::CollectSummary s = perfdb::collect(reg, again);
+  EXPECT_EQ(s.measured, 1);
+  EXPECT_EQ(s.already_present, 0);
+  t = perfdb::read_table(path);
+  ASSERT_EQ(t.rows.size(), 2u);
+  for (const perfdb::Row& r : t.rows) {
+    if (r.dims.at("tokens") == 2) EXPECT_EQ(r.median_us, 12345.0);  // not selected: kept
+    else EXPECT_NE(r.median_us, 12345.0);                          // selected: measured again
+  }
+  ASSERT_TRUE(t.header.extra.count("recollected"));
+  const std::string& note = t.header.extra.at("recollected");
+  EXPECT_NE(note.find("1 points on "), std::string::npos) << note;
+  EXPECT_NE(note.find("1 of them replacing stored rows"), std::string::npos) << note;
+  std::filesystem::remove_all(root);
+}
+
 TEST(Collect, WritesRowsAndResumesWithoutRepeatingThem) {
   const Registry& reg = global_registry();
   const std::string root = temp_root();

@@ -524,3 +524,19 @@ TEST(RunLayer, TinyDenseAndMoeLayersRunOnCpu) {
     }
   }
 }
+
+TEST(RunLayer, BadRepeatOrGraphLayersAreErrors) {
+  ModelSpec m = parse_model_config(kTiny, "tiny.json");
+  RunLayerOptions o;
+  o.workload = Workload::prefill(1, 4);
+  o.repeat = 0;
+  EXPECT_THROW(run_layer(m, o), Error);
+  o.repeat = 1;
+  o.graph_layers = 0;
+  try {
+    run_layer(m, o);
+    ADD_FAILURE() << "graph_layers 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("--graph-layers"));
+  }
+}

@@ -23,6 +23,7 @@ void add_collect(CLI::App& app, int& status) {
     int samples = 0;  // 0: the device's default (perfdb::CollectOptions::samples)
     int passes = 0;   // 0: the device's default (perfdb::CollectOptions::passes)
     bool dry_run = false;
+    bool replace = false;
   };
   auto f = std::make_shared<Flags>();
   cmd->add_option("op", f->ops, "ops to collect (default: every op with a grid)");
@@ -41,6 +42,9 @@ void add_collect(CLI::App& app, int& status) {
   cmd->add_option("--passes", f->passes,
                   "passes over each line of the grid, the fastest pass kept (default: 3 on the CPU, 1 on a GPU)")
       ->check(CLI::Range(1, 10));
+  cmd->add_flag("--replace", f->replace,
+                "measure the selected points again although the files hold them (their old rows are dropped, the "
+                "others kept; the header records it)");
   cmd->add_flag("--dry-run", f->dry_run, "measure the ceilings and list what would be measured; write nothing");
   cmd->callback([f, &status] {
     const Registry& reg = global_registry();
@@ -77,6 +81,7 @@ void add_collect(CLI::App& app, int& status) {
     }
     o.ops = f->ops;
     o.dry_run = f->dry_run;
+    o.replace = f->replace;
     o.progress = isatty(2);
     o.samples = f->samples;
     o.passes = f->passes;

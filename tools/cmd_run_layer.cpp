@@ -1,5 +1,5 @@
 // opforge run-layer --model M (--tokens N | --batch B --context C) [--device cpu|cuda]
-//                   [--dtype bf16] [--repeat R] [--tp N] [--system S [--root DIR] [--calibrate]]
+//                   [--dtype bf16] [--repeat R] [--graph-layers L] [--tp N] [--system S [--root DIR] [--calibrate]]
 //                   [--json F]
 //
 // Builds one decoder layer of the model from opforge ops with random weights, runs it through the
@@ -28,6 +28,7 @@ struct RunLayerFlags {
   int64_t tokens = 0, batch = 0, context = 0, tp = 1;
   std::string device = "cpu", dtype = "bf16", impl = "auto";
   int repeat = 5;
+  int graph_layers = 20;
   bool calibrate = false;
 };
 
@@ -50,6 +51,7 @@ void run(const RunLayerFlags& f) {
   o.workload = workload_of(f);
   o.device = f.device;
   o.repeat = f.repeat;
+  o.graph_layers = f.graph_layers;
   o.policy = f.common.policy();
   model::validate_workload(m, o.workload);
   std::vector<model::EstimateRow> predicted;
@@ -98,6 +100,9 @@ void add_run_layer(CLI::App& app, int& status) {
   cmd->add_option("--device", f->device, "cpu or cuda:N");
   cmd->add_option("--dtype", f->dtype, "bf16, f16 or f32");
   cmd->add_option("--repeat", f->repeat, "timed repetitions (the median is reported)");
+  cmd->add_option("--graph-layers", f->graph_layers,
+                  "GPU: layers per CUDA graph of the whole-layer timing, replayed --repeat times (default 20, "
+                  "as the collector's graphs of 20 calls; Note [layer timing])");
   cmd->add_option("--system", f->system, "also print the estimator's prediction from this perf database");
   cmd->add_option("--impl", f->impl, "impl the prediction is queried for (auto: the fastest stored)");
   cmd->add_option("--root", f->root, "perf data folder (default: $OPFORGE_PERF_DATA, else data/perf)");

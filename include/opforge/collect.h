@@ -71,6 +71,11 @@ struct CollectOptions {
   std::map<std::string, std::vector<Dims>> points;
   bool progress = true;              // one updating line on stderr
   bool dry_run = false;
+  // Measure the selected points again although the files hold them: their rows are dropped from
+  // the files before the run and written anew, the other rows stay; the header gains a
+  // "recollected" line (what, when, at which commit and ceilings). After an interruption, resume
+  // without it.
+  bool replace = false;
   double copy_gbps = 0;              // > 0: use as the copy ceiling instead of measuring it
   double gemm_gflops = 0;            // > 0: use as the GEMM ceiling instead of measuring it              // measure the ceilings, list what would run, write nothing
   harness::Options harness;          // sample bounds of the perf timing

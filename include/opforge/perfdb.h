@@ -114,6 +114,7 @@ struct Row {
 struct Ceilings {
   double copy_gbps = 0;
   double gemm_gflops = 0;
+  bool known() const { return copy_gbps > 0 || gemm_gflops > 0; }  // either one measured or given
 };
 
 struct OpTable {

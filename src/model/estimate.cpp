@@ -67,8 +67,6 @@ double stored_us(const std::vector<EstimateRow>& rows) {
   return s;
 }
 
-bool scaled(const perfdb::Ceilings& now) { return now.copy_gbps > 0 || now.gemm_gflops > 0; }
-
 }  // namespace
 
 // Note [ring all-reduce model]: a ring all-reduce moves 2(tp-1)/tp of the buffer through each
@@ -338,7 +336,7 @@ std::string format_estimate(const Estimate& e) {
                               m.is_moe() ? fmt::format(", {} experts (top {})", m.experts, m.experts_per_token) : "");
   s += fmt::format("system {}, impl {}, input {} tokens, output {} tokens\n", e.system, e.options.impl,
                    e.options.input_len, e.options.output_len);
-  const bool is_scaled = scaled(e.options.now);
+  const bool is_scaled = e.options.now.known();
   if (is_scaled)
     s += fmt::format("scaled to the ceilings measured now: copy {:.1f} GB/s, GEMM {:.1f} GFLOP/s (each row by the "
                      "ceiling that bounds it; stored rows' totals in parentheses)\n",
@@ -374,7 +372,7 @@ std::string estimate_json(const Estimate& e) {
                    {"tokens_per_s", e.tokens_per_s},
                    {"ttft_stored_us", e.ttft_stored_us},
                    {"tpot_stored_us", e.tpot_stored_us}};
-  if (scaled(e.options.now))
+  if (e.options.now.known())
     j["ceilings_now"] = {{"copy_gbps", e.options.now.copy_gbps}, {"gemm_gflops", e.options.now.gemm_gflops}};
   return j.dump(2);
 }

@@ -7,7 +7,11 @@
 // database (device time of graph replays) does not hold; there the layer is timed again as a
 // whole through the device timer: the repetitions captured in one CUDA graph and replayed between
 // events ("device graph"), or events around plain calls when a step cannot be captured ("device
-// events", e.g. a host-staged step). A step that runs as a host loop on a GPU (the qkv split on a
+// events", e.g. a host-staged step). The graph holds graph_layers (default 20) layers and is
+// replayed max(repeat, 5) times after 3 warm-up layers, as the collector times a row (a graph of
+// 20 calls replayed 20 times): a GPU's clock follows its power draw within milliseconds, and a
+// GEMM-heavy layer timed as one short graph ran at a higher clock than the collector's sustained
+// replays of the same GEMMs (docs/perf/estimator.md, 2026-11-28). A step that runs as a host loop on a GPU (the qkv split on a
 // device without a strided copy) copies through the host; its run is flagged host_staged and is
 // not a validation. Weights are uniform in +-1/sqrt(fan_in), activations in +-1, so no value
 // grows to inf or denormal over repetitions.
@@ -57,6 +61,9 @@ class Layer {
         dt_(parse_dtype(o.workload.dtype)), s_(tp_shapes(m, o.workload.tp)) {
     validate_workload(m, w_);
     if (o.repeat < 1) throw Error(ErrorCode::invalid_argument, "--repeat: expected at least 1, got " + std::to_string(o.repeat));
+    if (o.graph_layers < 1)
+      throw Error(ErrorCode::invalid_argument,
+                  "--graph-layers: expected at least 1, got " + std::to_string(o.graph_layers));
     if (device_.kind != DeviceKind::cpu && !device_memory_ops(device_.kind))
       throw Error(ErrorCode::not_available, "run-layer: device " + device_.str() + " is not available in this build");
     build();
@@ -82,7 +89,7 @@ class Layer {
       whole_layer_ = true;
       auto fn = [](void* p) { static_cast<Layer*>(p)->once(); };
       try {
-        whole_us = dev->time_calls_us(fn, this, 1, 1, std::max(o_.repeat, 5), device_.index);
+        whole_us = dev->time_calls_us(fn, this, 3, o_.graph_layers, std::max(o_.repeat, 5), device_.index);
       } catch (...) {
         whole_layer_ = false;
         throw;
@@ -102,7 +109,8 @@ class Layer {
     out.host_staged = host_staged_;
     if (whole_us > 0) {
       out.layer_us = whole_us;
-      out.layer_timing = host_staged_ ? "device events" : "device graph";
+      out.graph_layers = o_.graph_layers;
+      out.layer_timing = fmt::format("{} of {} layers", host_staged_ ? "device events" : "device graph", o_.graph_layers);
     }
     return out;
   }
@@ -450,8 +458,6 @@ std::map<std::string, const EstimateRow*> predicted_by_name(const std::vector<Es
   return by;
 }
 
-bool ceilings_known(const perfdb::Ceilings& c) { return c.copy_gbps > 0 || c.gemm_gflops > 0; }
-
 }  // namespace
 
 LayerRun run_layer(const ModelSpec& m, const RunLayerOptions& o) {
@@ -469,7 +475,7 @@ std::string format_run(const ModelSpec& m, const LayerRun& run, const std::vecto
                               run.device, w.dtype, run.repeat);
   double ptotal = 0, pstored = 0;
   auto by = predicted_by_name(predicted, ptotal, pstored);
-  if (predicted && ceilings_known(run.ceilings_now))
+  if (predicted && run.ceilings_now.known())
     s += fmt::format("  predictions scaled to the ceilings measured around the run (Note [ceilings now]): copy {:.1f} "
                      "GB/s, GEMM {:.1f} GFLOP/s\n",
                      run.ceilings_now.copy_gbps, run.ceilings_now.gemm_gflops);
@@ -490,7 +496,7 @@ std::string format_run(const ModelSpec& m, const LayerRun& run, const std::vecto
   if (predicted)
     s += fmt::format(", predicted {:.2f} us on system {} (pred/meas {:.3f}){}", ptotal, system, ptotal / run.layer_us,
                      w.tp > 1 ? "; all-reduces left out on both sides" : "");
-  if (predicted && ceilings_known(run.ceilings_now))
+  if (predicted && run.ceilings_now.known())
     s += fmt::format("; stored rows unscaled {:.2f} us (pred/meas {:.3f})", pstored, pstored / run.layer_us);
   if (run.host_staged)
     s += "\n  note: some steps ran as host loops with copies through the host (Note [layer timing]); "
@@ -518,14 +524,14 @@ std::string run_json(const ModelSpec& m, const LayerRun& run, const std::vector<
                    {"tokens", w.tokens},    {"context", w.context},         {"tp", w.tp},
                    {"dtype", w.dtype},      {"device", run.device},         {"repeat", run.repeat},
                    {"rows", rows},          {"layer_measured_us", run.layer_us},
-                   {"layer_timing", run.layer_timing}, {"host_staged", run.host_staged}};
+                   {"layer_timing", run.layer_timing}, {"graph_layers", run.graph_layers}, {"host_staged", run.host_staged}};
   if (predicted) {
     j["system"] = system;
     j["layer_predicted_us"] = ptotal;
     j["ratio_predicted_to_measured"] = ptotal / run.layer_us;
     j["layer_predicted_stored_us"] = pstored;
     j["ratio_stored_to_measured"] = pstored / run.layer_us;
-    if (ceilings_known(run.ceilings_now))
+    if (run.ceilings_now.known())
       j["ceilings_now"] = {{"copy_gbps", run.ceilings_now.copy_gbps}, {"gemm_gflops", run.ceilings_now.gemm_gflops}};
   }
   return j.dump(2);

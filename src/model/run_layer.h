@@ -25,6 +25,9 @@ struct RunLayerOptions {
   std::string device = "cpu";
   int repeat = 5;  // timed repetitions (median); one untimed warm-up runs first
   int warmup = 1;
+  // GPU: layers per CUDA graph in the whole-layer timing (Note [layer timing] in run_layer.cpp);
+  // 20, as the collector's graphs of 20 calls, so both time the device in the same sustained state.
+  int graph_layers = 20;
   Policy policy;   // default: optimized kernels on
 };
 
@@ -43,6 +46,7 @@ struct LayerRun {
   std::vector<MeasuredRow> rows;
   double layer_us = 0;  // median over the repetitions of the whole layer
   int repeat = 0;
+  int graph_layers = 0;  // layers per replayed graph (0: not timed as a graph)
   // How layer_us was timed (Note [layer timing] in run_layer.cpp): "host clock, sum of steps" on
   // the CPU; "device graph" or "device events" on a GPU.
   std::string layer_timing;

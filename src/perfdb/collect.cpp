@@ -18,6 +18,8 @@
 #include <iostream>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "backends/cpu/cpu_info.h"
 #include "harness/instance.h"
 #include "opforge/collect.h"
@@ -283,6 +285,21 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
                     "collect: " + path + " holds " + why + ", not what this run measures (system '" +
                         opt.system + "', op '" + op + "', device '" + sum.device_name +
                         "'); remove the file or pick another --system");
+      if (opt.replace && !opt.dry_run) {
+        std::set<std::string> selected;
+        for (const Dims& d : pts)
+          for (const std::string& impl : impls) selected.insert(row_key(impl, dtype_text, d, g.dims));
+        const size_t before = t.rows.size();
+        std::erase_if(t.rows, [&](const Row& r) { return selected.count(row_key(r.impl, r.dtype, r.dims, g.dims)) > 0; });
+        if (t.rows.size() != before) {
+          std::string& note = t.header.extra["recollected"];
+          note += fmt::format("{}{} points on {} at commit {}, {} of them replacing stored rows (copy {:.1f} GB/s, "
+                              "GEMM {:.1f} GFLOP/s)",
+                              note.empty() ? "" : "; ", selected.size(), header.date, header.commit,
+                              before - t.rows.size(), sum.ceiling_gbps, sum.ceiling_gflops);
+          write_table(t, path);
+        }
+      }
       for (const Row& r : t.rows) done.insert(op + "," + row_key(r.impl, r.dtype, r.dims, g.dims));
     } else if (!opt.dry_run) {
       std::filesystem::create_directories(folder);
