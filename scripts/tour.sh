@@ -20,7 +20,7 @@ echo; echo "==== opforge check (test + grad modes, every kernel and dtype)"
 echo; echo "==== opforge bench --group small --group medium"
 "$bin" bench --group small --group medium --json build/bench.json --csv build/bench.csv
 echo; echo "full results: build/check.json, build/check.csv, build/bench.json, build/bench.csv"
-echo; echo "==== opforge support --model llama-3.1-8b --system cpu-xeon-2c --input-len 128"
-"$bin" support --model llama-3.1-8b --system cpu-xeon-2c --input-len 128 | tail -n 3
-echo; echo "==== opforge estimate --model llama-3.1-8b --system cpu-xeon-2c --input-len 128 --output-len 32"
-"$bin" estimate --model llama-3.1-8b --system cpu-xeon-2c --input-len 128 --output-len 32 --json build/estimate.json
+echo; echo "==== opforge support --model llama-3.1-8b --system cpu-epyc-zen3-2c --input-len 128"
+"$bin" support --model llama-3.1-8b --system cpu-epyc-zen3-2c --input-len 128 | tail -n 3
+echo; echo "==== opforge estimate --model llama-3.1-8b --system cpu-epyc-zen3-2c --input-len 128 --output-len 32"
+"$bin" estimate --model llama-3.1-8b --system cpu-epyc-zen3-2c --input-len 128 --output-len 32 --json build/estimate.json

@@ -525,13 +525,19 @@ TEST(RunLayer, TinyDenseAndMoeLayersRunOnCpu) {
   }
 }
 
-TEST(RunLayer, BadRepeatOrGraphLayersAreErrors) {
+TEST(RunLayer, PassesAndBadRepeatPassesOrGraphLayers) {
   ModelSpec m = parse_model_config(kTiny, "tiny.json");
   RunLayerOptions o;
   o.workload = Workload::prefill(1, 4);
   o.repeat = 0;
   EXPECT_THROW(run_layer(m, o), Error);
   o.repeat = 1;
+  o.passes = -1;
+  EXPECT_THROW(run_layer(m, o), Error);
+  o.passes = 2;
+  LayerRun two = run_layer(m, o);
+  EXPECT_EQ(two.passes, 2);
+  EXPECT_THAT(format_run(m, two, nullptr, ""), HasSubstr("the fastest of 2 passes"));
   o.graph_layers = 0;
   try {
     run_layer(m, o);

@@ -1,5 +1,5 @@
 // opforge run-layer --model M (--tokens N | --batch B --context C) [--device cpu|cuda]
-//                   [--dtype bf16] [--repeat R] [--graph-layers L] [--tp N] [--system S [--root DIR] [--calibrate]]
+//                   [--dtype bf16] [--repeat R] [--passes P] [--graph-layers L] [--tp N] [--system S [--root DIR] [--calibrate]]
 //                   [--json F]
 //
 // Builds one decoder layer of the model from opforge ops with random weights, runs it through the
@@ -29,6 +29,7 @@ struct RunLayerFlags {
   std::string device = "cpu", dtype = "bf16", impl = "auto";
   int repeat = 5;
   int graph_layers = 20;
+  int passes = 0;
   bool calibrate = false;
 };
 
@@ -52,6 +53,7 @@ void run(const RunLayerFlags& f) {
   o.device = f.device;
   o.repeat = f.repeat;
   o.graph_layers = f.graph_layers;
+  o.passes = f.passes;
   o.policy = f.common.policy();
   model::validate_workload(m, o.workload);
   std::vector<model::EstimateRow> predicted;
@@ -100,6 +102,8 @@ void add_run_layer(CLI::App& app, int& status) {
   cmd->add_option("--device", f->device, "cpu or cuda:N");
   cmd->add_option("--dtype", f->dtype, "bf16, f16 or f32");
   cmd->add_option("--repeat", f->repeat, "timed repetitions (the median is reported)");
+  cmd->add_option("--passes", f->passes,
+                  "passes of --repeat repetitions, the fastest kept (default: 3 on the CPU, as the collector; 1 on a GPU)");
   cmd->add_option("--graph-layers", f->graph_layers,
                   "GPU: layers per CUDA graph of the whole-layer timing, replayed --repeat times (default 20, "
                   "as the collector's graphs of 20 calls; Note [layer timing])");

@@ -25,6 +25,9 @@ struct RunLayerOptions {
   std::string device = "cpu";
   int repeat = 5;  // timed repetitions (median); one untimed warm-up runs first
   int warmup = 1;
+  // Passes of `repeat` repetitions, the fastest kept (Note [layer passes] in run_layer.cpp);
+  // 0: 3 on the CPU, 1 on a GPU (where the layer is timed again as a graph).
+  int passes = 0;
   // GPU: layers per CUDA graph in the whole-layer timing (Note [layer timing] in run_layer.cpp);
   // 20, as the collector's graphs of 20 calls, so both time the device in the same sustained state.
   int graph_layers = 20;
@@ -44,8 +47,9 @@ struct LayerRun {
   Workload workload;
   std::string device;
   std::vector<MeasuredRow> rows;
-  double layer_us = 0;  // median over the repetitions of the whole layer
+  double layer_us = 0;  // median over the repetitions (of the fastest pass) of the whole layer
   int repeat = 0;
+  int passes = 0;        // passes of the repetitions, the fastest kept
   int graph_layers = 0;  // layers per replayed graph (0: not timed as a graph)
   // How layer_us was timed (Note [layer timing] in run_layer.cpp): "host clock, sum of steps" on
   // the CPU; "device graph" or "device events" on a GPU.
