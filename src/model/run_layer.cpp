@@ -3,19 +3,18 @@
 // Note [layer timing]: every step is bracketed by a host clock (after a device synchronize on
 // CUDA), the steps of one name are summed within a repetition, and each row reports the median
 // over the repetitions. On the CPU the layer time is the median of the per-repetition sums (of
-// the fastest pass, Note [layer passes]). On a
-// GPU the per-step synchronizes would add the host's launch and wait time to every step, which the
-// database (device time of graph replays) does not hold; there the layer is timed again as a
-// whole through the device timer: the repetitions captured in one CUDA graph and replayed between
-// events ("device graph"), or events around plain calls when a step cannot be captured ("device
-// events", e.g. a host-staged step). The graph holds graph_layers (default 20) layers and is
-// replayed max(repeat, 5) times after 3 warm-up layers, as the collector times a row (a graph of
+// the fastest pass, Note [layer passes]). On a GPU the per-step synchronizes would add the host's
+// launch and wait time to every step, which the database (device time of graph replays) does not
+// hold; there the layer is timed again as a whole through the device timer: graph_layers layers
+// (default 20) captured in one CUDA graph and replayed max(repeat, 5) times between events after
+// 3 warm-up layers ("device graph"), or events around plain calls when a step cannot be captured
+// ("device events", e.g. a host-staged step). That is how the collector times a row (a graph of
 // 20 calls replayed 20 times): a GPU's clock follows its power draw within milliseconds, and a
 // GEMM-heavy layer timed as one short graph ran at a higher clock than the collector's sustained
-// replays of the same GEMMs (docs/perf/estimator.md, 2026-11-28). A step that runs as a host loop on a GPU (the qkv split on a
-// device without a strided copy) copies through the host; its run is flagged host_staged and is
-// not a validation. Weights are uniform in +-1/sqrt(fan_in), activations in +-1, so no value
-// grows to inf or denormal over repetitions.
+// replays of the same GEMMs (docs/perf/estimator.md, 2026-11-28). A step that runs as a host loop
+// on a GPU (the qkv split on a device without a strided copy) copies through the host; its run is
+// flagged host_staged and is not a validation. Weights are uniform in +-1/sqrt(fan_in),
+// activations in +-1, so no value grows to inf or denormal over repetitions.
 #include "model/run_layer.h"
 
 #include <algorithm>
