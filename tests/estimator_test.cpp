@@ -87,9 +87,24 @@ struct SyntheticDb {
     for (const auto& [k, v] : d) s += std::fmod(double(v) * 0.37 + double(k.size()), 17.0);
     return s;
   }
+  static perfdb::Dims at_rows(perfdb::Dims d, int64_t rows) {
+    d["tokens"] = rows;
+    return d;
+  }
   void add(const std::vector<OpCall>& calls) {
-    for (const OpCall& c : calls)
-      if (c.modelled_bytes == 0) points[c.op][c.dims] = us_of(c.dims);
+    for (const OpCall& c : calls) {
+      if (c.modelled_bytes != 0) continue;
+      points[c.op][c.dims] = us_of(c.dims);
+      for (const RowsShare& s : c.spread) points[c.op][at_rows(c.dims, s.rows)] = us_of(at_rows(c.dims, s.rows));
+    }
+  }
+  // Note [moe row spread]: a call with a spread costs sum(experts x time at rows).
+  double call_us(const OpCall& c) const {
+    if (c.modelled_bytes > 0) return double(c.count) * c.modelled_bytes / (ceiling_gbps * 1e3);
+    if (c.spread.empty()) return double(c.count) * points.at(c.op).at(c.dims);
+    double s = 0;
+    for (const RowsShare& x : c.spread) s += x.experts * points.at(c.op).at(at_rows(c.dims, x.rows));
+    return s;
   }
   void write(const std::set<std::string>& skip = {}) const {
     for (const auto& [op, rows] : points) {
@@ -114,8 +129,7 @@ struct SyntheticDb {
   perfdb::Database load() const { return perfdb::Database::load(system, root.string()); }
   double expected(const std::vector<OpCall>& calls) const {
     double s = 0;
-    for (const OpCall& c : calls)
-      s += double(c.count) * (c.modelled_bytes > 0 ? c.modelled_bytes / (ceiling_gbps * 1e3) : points.at(c.op).at(c.dims));
+    for (const OpCall& c : calls) s += call_us(c);
     return s;
   }
 };
@@ -285,6 +299,66 @@ TEST(DecoderLayer, Qwen3MoeExpertsAtExpectedLoad) {
   EXPECT_EQ(find(p, "moe_permute").dims, routing);
   EXPECT_EQ(find(p, "moe_unpermute").dims, routing);
   EXPECT_EQ(find(p, "moe_unpermute").op, "moe_unpermute");
+}
+
+// Note [moe row spread]: Binomial(T, k/E) rows per expert, E * P(rows) experts at each count.
+TEST(DecoderLayer, MoeRowSpreadIsTheBinomialLoad) {
+  const std::vector<RowsShare> one = expert_row_spread(128, 8, 1);  // decode at batch 1: k experts, 1 row
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].rows, 1);
+  EXPECT_NEAR(one[0].experts, 8.0, 1e-12);
+  const std::vector<RowsShare> all = expert_row_spread(4, 4, 10);  // every expert takes every token
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].rows, 10);
+  EXPECT_DOUBLE_EQ(all[0].experts, 4.0);
+  // T = 2: rows 1 and 2 with E * 2p(1-p) and E * p^2 experts (p = 1/16).
+  const std::vector<RowsShare> two = expert_row_spread(128, 8, 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_NEAR(two[0].experts, 128 * 2 * (1.0 / 16) * (15.0 / 16), 1e-9);
+  EXPECT_NEAR(two[1].experts, 128 * (1.0 / 16) * (1.0 / 16), 1e-9);
+  for (int64_t T : {1, 3, 32, 128, 512, 2048, 8192, 65536}) {
+    const std::vector<RowsShare> s = expert_row_spread(128, 8, T);
+    ASSERT_FALSE(s.empty());
+    EXPECT_LE(s.size(), size_t(kMaxSpreadPoints)) << T;
+    double experts = 0, pairs = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      EXPECT_GE(s[i].rows, 1);
+      EXPECT_LE(s[i].rows, T);
+      if (i > 0) EXPECT_GT(s[i].rows, s[i - 1].rows) << T;
+      experts += s[i].experts;
+      pairs += s[i].experts * double(s[i].rows);
+    }
+    const double active = 128.0 * (1.0 - std::pow(15.0 / 16.0, double(T)));  // E (1 - (1 - p)^T)
+    EXPECT_NEAR(experts, active, 1e-6 * active) << T;
+    EXPECT_NEAR(pairs, 8.0 * double(T), 0.01 * 8.0 * double(T)) << T;  // bins round their mean rows
+  }
+  // Qwen3-30B-A3B at 128 tokens: mean 8 rows, and experts at 3 and at 14 rows both take a share.
+  const std::vector<RowsShare> q = expert_row_spread(128, 8, 128);
+  EXPECT_LE(q.front().rows, 3);
+  EXPECT_GE(q.back().rows, 14);
+  EXPECT_TRUE(expert_row_spread(0, 8, 4).empty());
+}
+
+TEST(Estimator, MoeExpertGemmsCostTheirRowSpread) {
+  ModelSpec m = parse_model_config(kTinyMoe, "tiny-moe.json");  // 4 experts, top 2
+  Workload pre = Workload::prefill(1, 9);
+  SyntheticDb db;
+  db.add(decoder_layer(m, pre));
+  db.write();
+  const std::vector<EstimateRow> rows = estimate_calls(db.load(), decoder_layer(m, pre), "auto", "bf16", {});
+  bool seen = false;
+  for (const EstimateRow& r : rows) {
+    if (r.call.name != "expert_gate_up") continue;
+    seen = true;
+    ASSERT_GT(r.call.spread.size(), 2u);  // Binomial(9, 1/2): rows 1..9
+    const double want = db.call_us(r.call);
+    EXPECT_NEAR(r.stored_total_us, want, 1e-9 * want);
+    EXPECT_NEAR(r.answer.us * double(r.call.count), want, 1e-9 * want);
+    // Not the mean rows' time times the experts: the synthetic time is not linear in rows.
+    EXPECT_GT(std::abs(want - double(r.call.count) * SyntheticDb::us_of(r.call.dims)), 1e-3);
+    EXPECT_THAT(r.answer.how, HasSubstr("moe row spread"));
+  }
+  EXPECT_TRUE(seen);
 }
 
 TEST(Estimator, SumsTheSyntheticDatabaseExactly) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -116,6 +117,46 @@ double ring_all_reduce_us(const RingModel& r, double bytes, int64_t tp) {
   return 2.0 * (t - 1.0) / t * bytes / (r.bus_gbps * 1e3) + 2.0 * (t - 1.0) * r.step_latency_us;
 }
 
+namespace {
+
+// Note [moe row spread] (layer.cpp): the expected time of the call's experts, sum over its row
+// counts of experts x time at those rows, given per call of its `count` (so that count x us is
+// that sum). Each row count is one query; the method is the least exact of theirs.
+Answer answer_spread(const perfdb::Database& db, const OpCall& c, const std::string& impl, const std::string& dtype) {
+  Answer a;
+  double total = 0, energy = 0, experts = 0;
+  bool has_energy = true;
+  std::set<std::string> impls;
+  for (const RowsShare& s : c.spread) {
+    perfdb::Dims dims = c.dims;
+    dims["tokens"] = s.rows;
+    Answer one;
+    try {
+      one = db.query(c.op, impl, dtype, dims);
+    } catch (const PerfDataNotAvailable& e) {
+      throw PerfDataNotAvailable(fmt::format("at {} rows of the spread (Note [moe row spread]): {}", s.rows, e.what()));
+    }
+    total += s.experts * one.us;
+    experts += s.experts;
+    if (one.energy_uj) energy += s.experts * *one.energy_uj;
+    else has_energy = false;
+    a.method = std::max(a.method, one.method);
+    impls.insert(one.impl);
+  }
+  const double calls = double(std::max<int64_t>(1, c.count));
+  a.us = total / calls;
+  if (has_energy) a.energy_uj = energy / calls;
+  for (const std::string& i : impls) a.impl += (a.impl.empty() ? "" : "+") + i;
+  a.how = c.spread.size() == 1
+              ? fmt::format("{:.1f} experts at {} rows, {}", experts, c.spread.front().rows, perfdb::method_name(a.method))
+              : fmt::format("{:.1f} experts over {} row counts {}..{} (binomial, Note [moe row spread]), {}", experts,
+                            c.spread.size(), c.spread.front().rows, c.spread.back().rows,
+                            perfdb::method_name(a.method));
+  return a;
+}
+
+}  // namespace
+
 Answer answer_call(const perfdb::Database& db, const OpCall& c, const std::string& impl, const std::string& dtype) {
   if (c.modelled_bytes > 0) {
     std::string op;
@@ -138,6 +179,7 @@ Answer answer_call(const perfdb::Database& db, const OpCall& c, const std::strin
                         r.bus_gbps, r.step_latency_us, 2 * (tp - 1), r.source, tp);
     return a;
   }
+  if (!c.spread.empty()) return answer_spread(db, c, impl, dtype);
   return db.query(c.op, impl, dtype, c.dims);
 }
 
@@ -303,6 +345,11 @@ nlohmann::json rows_json(const std::vector<EstimateRow>& rows) {
                      {"scale", r.scale},      {"scale_how", r.scale_how},
                      {"us_stored", r.stored_total_us}};
     if (r.answer.energy_uj) j["energy_uj_per_call"] = *r.answer.energy_uj;
+    if (!r.call.spread.empty()) {  // Note [moe row spread]: [rows, expected experts] pairs
+      nlohmann::json spread = nlohmann::json::array();
+      for (const RowsShare& x : r.call.spread) spread.push_back({x.rows, x.experts});
+      j["row_spread"] = spread;
+    }
     a.push_back(j);
   }
   return a;

@@ -62,12 +62,12 @@ void dense_mlp(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s
 }
 
 // Note [moe expected load]: the router sends T*k (token, expert) pairs to E experts. Under uniform
-// routing the expected number of distinct experts hit is E(1 - (1 - k/E)^T); each runs its two
-// GEMMs at ceil(T*k / active) rows. When T*k >= E many times over this is E experts at
-// ceil(T*k/E) rows; at small batches it counts only the experts that run (decode at batch 1 runs
-// k experts, not E). The activation runs once over all T*k rows. moe_permute groups the T*k rows by
-// expert before the expert GEMMs and moe_unpermute sums each token's k rows after them, as
-// run-layer runs them.
+// routing the expected number of distinct experts hit is E(1 - (1 - k/E)^T), shown as the calls of
+// the expert GEMMs with their mean rows ceil(T*k / active); the GEMMs are costed over the spread of
+// the rows (Note [moe row spread]). At small batches this counts only the experts that run (decode
+// at batch 1 runs k experts, not E). The activation runs once over all T*k rows. moe_permute
+// groups the T*k rows by expert before the expert GEMMs and moe_unpermute sums each token's k rows
+// after them, as run-layer runs them.
 void moe_block(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s, const Workload& w, int64_t T) {
   const int64_t E = m.experts, k = m.experts_per_token, H = m.hidden;
   const int64_t pairs = T * k;
@@ -80,10 +80,13 @@ void moe_block(std::vector<OpCall>& calls, const ModelSpec& m, const TpShapes& s
                        m.norm_topk_prob ? "renormalize" : ""));
   const perfdb::Dims routing{{"tokens", T}, {"hidden", H}, {"experts", E}, {"k", k}};
   calls.push_back(call("moe_permute", "moe_permute", routing));
+  const std::vector<RowsShare> spread = expert_row_spread(E, k, T);
   calls.push_back(call("expert_gate_up", "linear", {{"tokens", rows}, {"n", 2 * s.moe_intermediate}, {"k", H}},
                        active, note));
+  calls.back().spread = spread;
   calls.push_back(call("expert_act", "silu_and_mul", {{"tokens", pairs}, {"d", s.moe_intermediate}}));
   calls.push_back(call("expert_down", "linear", {{"tokens", rows}, {"n", H}, {"k", s.moe_intermediate}}, active, note));
+  calls.back().spread = spread;
   calls.push_back(call("moe_unpermute", "moe_unpermute", routing));
 }
 
@@ -155,6 +158,63 @@ int64_t expected_active_experts(int64_t experts, int64_t k, int64_t tokens) {
   const double expected = e * (1.0 - std::pow(1.0 - double(k) / e, double(tokens)));
   const int64_t most = std::min(experts, tokens * k);
   return std::clamp<int64_t>(int64_t(std::llround(expected)), std::min<int64_t>(1, most), most);
+}
+
+// Note [moe row spread]: under uniform routing a token sends one of its k pairs to a given expert
+// with probability p = k/E, independently of the other tokens, so an expert's rows are
+// Binomial(T, p) and E * P(rows = r) experts run their GEMMs at r rows. A kernel's time is not
+// linear in its rows where it changes plan (the CPU's dot path up to 16 rows, a GPU GEMM's tile
+// steps), so an expert GEMM costs sum_r E P(r) t(r) rather than active experts x t(mean rows): at
+// 128 tokens of Qwen3-30B-A3B (mean 8 rows, sd 2.7) the experts run from 1 to about 20 rows.
+// Row counts whose probability is below 1e-9 are left out; more than kMaxSpreadPoints counts are
+// merged into that many bins of equal probability, each at its probability-weighted mean rows
+// (rounded; where the spread is that wide its rows are in the tens or more and the time is smooth
+// in them). p = 1 (every expert for every token) is T rows for all E.
+std::vector<RowsShare> expert_row_spread(int64_t experts, int64_t k, int64_t tokens) {
+  std::vector<RowsShare> out;
+  if (experts < 1 || k < 1 || tokens < 1) return out;
+  const double E = double(experts), T = double(tokens);
+  const double p = std::min(1.0, double(k) / E);
+  if (p >= 1.0) {
+    out.push_back({tokens, E});
+    return out;
+  }
+  const double mean = T * p, sd = std::sqrt(T * p * (1.0 - p));
+  const int64_t lo = std::max<int64_t>(1, int64_t(std::floor(mean - 12.0 * sd - 2.0)));
+  const int64_t hi = std::min<int64_t>(tokens, int64_t(std::ceil(mean + 12.0 * sd + 2.0)));
+  const double log_p = std::log(p), log_q = std::log1p(-p), log_t = std::lgamma(T + 1.0);
+  std::vector<std::pair<int64_t, double>> pmf;  // (rows, probability)
+  double mass = 0;
+  for (int64_t r = lo; r <= hi; ++r) {
+    const double x = double(r);
+    const double q = std::exp(log_t - std::lgamma(x + 1.0) - std::lgamma(T - x + 1.0) + x * log_p + (T - x) * log_q);
+    if (q < 1e-9) continue;
+    pmf.emplace_back(r, q);
+    mass += q;
+  }
+  if (pmf.size() <= size_t(kMaxSpreadPoints)) {
+    for (const auto& [r, q] : pmf) out.push_back({r, E * q});
+    return out;
+  }
+  // Equal-probability bins: bin b takes the rows whose cumulative mass ends in [b, b + 1) / bins.
+  const int bins = kMaxSpreadPoints;
+  double acc = 0, bin_q = 0, bin_rq = 0;
+  int bin = 0;
+  for (size_t i = 0; i < pmf.size(); ++i) {
+    const auto& [r, q] = pmf[i];
+    acc += q;
+    bin_q += q;
+    bin_rq += double(r) * q;
+    const bool last = i + 1 == pmf.size();
+    if (last || acc >= mass * double(bin + 1) / bins) {
+      const int64_t rows = std::llround(bin_rq / bin_q);
+      if (!out.empty() && out.back().rows == rows) out.back().experts += E * bin_q;
+      else out.push_back({rows, E * bin_q});
+      bin_q = bin_rq = 0;
+      ++bin;
+    }
+  }
+  return out;
 }
 
 std::vector<OpCall> decoder_layer(const ModelSpec& m, const Workload& w) {

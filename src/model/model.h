@@ -86,6 +86,13 @@ struct Workload {
 
 // How a call that is not an opforge op (no database table) is costed: the bytes it moves at the
 // copy ceiling of the system. `modelled_bytes` > 0 marks such a call.
+// Note [moe row spread] (layer.cpp): one row count of an MoE expert GEMM and the expected number
+// of experts that run at it.
+struct RowsShare {
+  int64_t rows = 0;
+  double experts = 0;
+};
+
 struct OpCall {
   std::string name;    // row label: "qkv_proj", "input_norm", ...
   std::string op;      // the op queried: "linear", "fused_add_rms_norm", ... or "all_reduce"
@@ -93,6 +100,9 @@ struct OpCall {
   int64_t count = 1;   // calls per layer (MoE experts: the expected active experts)
   double modelled_bytes = 0;  // > 0: not an op; modelled from bytes / copy ceiling
   std::string note;    // why this count or these dims, for the table
+  // MoE expert GEMMs: the spread of their rows (Note [moe row spread]); the call then costs
+  // sum(experts * time at rows), and dims["tokens"] is the mean rows of an active expert.
+  std::vector<RowsShare> spread;
 };
 
 // Per-GPU shapes under tensor parallelism (vLLM's rule): query heads are split tp ways and must
@@ -112,6 +122,10 @@ std::vector<OpCall> model_head(const ModelSpec& m, const Workload& w);
 // Expected number of distinct experts hit when `tokens` tokens each pick k of E experts uniformly:
 // E * (1 - (1 - k/E)^tokens), rounded, at least 1 and at most min(E, tokens * k).
 int64_t expected_active_experts(int64_t experts, int64_t k, int64_t tokens);
+// Note [moe row spread]: the rows per expert under the same uniform routing, Binomial(tokens, k/E),
+// as (rows >= 1, E * P(rows)), at most kMaxSpreadPoints entries in increasing rows.
+inline constexpr int kMaxSpreadPoints = 32;
+std::vector<RowsShare> expert_row_spread(int64_t experts, int64_t k, int64_t tokens);
 
 std::string dims_str(const perfdb::Dims& dims, const std::string& op);  // "tokens=1024 hidden=4096"
 
