@@ -40,10 +40,10 @@ EXPERTS, TOPK = 128, 8
 VOCABS = (32000, 128256)
 
 
-def cases():
+def cases(ops=OPS):
     """(op, tokens, width, opforge case label) in table order."""
     out = []
-    for op in OPS:
+    for op in ops:
         if op == "cross_entropy":
             out += [(op, t, v, f"t{t}xv{v}") for v in VOCABS for t in (16, 1024)]
         elif op == "rotary_embedding":
@@ -62,7 +62,7 @@ def opforge_times(args):
     path = args.bench_json
     if not path:
         path = os.path.join(args.out_dir, "compare-opforge-bench.json")
-        doc = compare_common.run_bench(args.opforge, [*OPS, "--backend", "cuda", "--dtype", "bf16", "--group",
+        doc = compare_common.run_bench(args.opforge, [*args.ops, "--backend", "cuda", "--dtype", "bf16", "--group",
                                                           "large"], path)
     else:
         doc = compare_common.load(path)
@@ -307,6 +307,7 @@ def main():
     ap.add_argument("--decode-impls", default="cuda_split_mma cuda_split_async",
                     help="attention_decode kernels to time through `opforge collect` (missing ones are skipped)")
     ap.add_argument("--no-attention", action="store_true", help="leave out the attention section")
+    ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="only these ops (default: all)")
     args = ap.parse_args()
     args.out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(args.out_dir, exist_ok=True)
@@ -318,7 +319,7 @@ def main():
     make = torch_cases(torch)
 
     rows, stream_rows = [], []
-    for op, tokens, width, label in cases():
+    for op, tokens, width, label in cases(args.ops):
         inputs, eager, math, nbytes = make(op, tokens, width)
         compiled = torch.compile(math, dynamic=False)
         res = {}

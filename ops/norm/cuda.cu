@@ -7,7 +7,8 @@
 //    residual) is read once and y written once: the minimum traffic. Rows of <= 32 packs take a
 //    group of 1..32 lanes each (256-thread blocks, shuffle reduction); longer rows take a block of
 //    threads with a warp-then-block reduction (Note [cuda reductions]), R rows at once
-//    (Note [rows in flight]). hidden 4096 bf16: rms_norm 512 threads x 1 pack x 4 rows,
+//    (Note [rows in flight]). hidden 4096 bf16: rms_norm 512 threads x 1 pack x 4 rows up to
+//    6 rows per SM and 128 threads x 4 packs x 1 row from there on (Note [narrow rows]),
 //    fused_add_rms_norm 256 threads x 2 packs x 1 row (measured best of each); up to 2048 packs
 //    (hidden 16384 bf16, 8192 f32). Needs 16-byte aligned pointers, hidden and row strides
 //    multiples of the pack and w contiguous (the predicate returns the reason otherwise).
@@ -84,18 +85,23 @@ template <class T, bool kFused> __device__ __forceinline__ RowPtrs<T> row_ptrs(c
 // `threads` threads per row (Note [register-resident row]); blockDim.x / threads row slots per
 // block, and each slot takes R rows at once (Note [rows in flight]), so a block step covers
 // R * blockDim.x / threads rows.
-template <class T, int K, int R, bool kFused>
-__global__ void __launch_bounds__(1024) rms_norm_vec_kernel(FwdArgs<T> a, int threads) {
+template <class T, int K, int R, bool kFused, int kBound = 1024, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kBound, kMinBlocks) rms_norm_vec_kernel(FwdArgs<T> a, int threads) {
   constexpr int N = Pack<T>::n;
+  // Up to two packs a thread, w stays in registers for every row the thread visits; with more
+  // (Note [narrow rows]) its packs are read again per row, from L1.
+  constexpr bool kWInRegisters = K <= 2;
   __shared__ float scratch[R * 32];
   const int n_packs = int(a.hidden / N);
   const int slots = blockDim.x / threads;
   const int t = threadIdx.x % threads;
   programmatic_prologue();  // Note [programmatic launch]
-  Pack<T> wp[K];  // w stays in registers for every row this thread visits
+  Pack<T> wp[kWInRegisters ? K : 1];
+  if constexpr (kWInRegisters) {
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (t + k * threads < n_packs) wp[k] = load_pack_readonly(a.w + (t + k * threads) * N);
+    for (int k = 0; k < K; ++k)
+      if (t + k * threads < n_packs) wp[k] = load_pack_readonly(a.w + (t + k * threads) * N);
+  }
   const int64_t rows_per_step = int64_t(slots) * R;
   const int64_t step = int64_t(gridDim.x) * rows_per_step;
   // The loop bound is block-uniform so that every lane reaches the shuffles and barriers.
@@ -141,9 +147,11 @@ __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(FwdArgs<T> a, int th
       sum_sq[r] = 0.0f;
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        if (row < a.rows && t + k * threads < n_packs)
+        if (row < a.rows && t + k * threads < n_packs) {
+          const PackFloats<T> f = widen_pack(xp[r][k]);
 #pragma unroll
-          for (int j = 0; j < N; ++j) sum_sq[r] += to_f32(xp[r][k].v[j]) * to_f32(xp[r][k].v[j]);
+          for (int j = 0; j < N; ++j) sum_sq[r] += f.v[j] * f.v[j];
+        }
     }
     if (threads > 32) {
       block_sum_n<R>(sum_sq, scratch);
@@ -161,11 +169,14 @@ __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(FwdArgs<T> a, int th
       for (int k = 0; k < K; ++k) {
         const int i = t + k * threads;
         if (live && i < n_packs) {
-          Pack<T> out;
+          Pack<T> wk;
+          if constexpr (kWInRegisters) wk = wp[k];
+          else wk = load_pack_readonly(a.w + i * N);
+          PackFloats<T> f = widen_pack(xp[r][k]);
+          const PackFloats<T> wf = widen_pack(wk);
 #pragma unroll
-          for (int j = 0; j < N; ++j)
-            out.v[j] = from_f32<T>(to_f32(xp[r][k].v[j]) * rstd * (to_f32(wp[k].v[j]) + a.offset));
-          store_pack(p.y + i * N, out);
+          for (int j = 0; j < N; ++j) f.v[j] = f.v[j] * rstd * (wf.v[j] + a.offset);
+          store_pack(p.y + i * N, narrow_pack(f));
         }
       }
     }
@@ -200,8 +211,50 @@ void launch_vec_r(const Context& ctx, const FwdArgs<T>& a, const RowShape& s) {
                       rms_norm_vec_kernel<T, K, R, kFused>, dim3(grid), dim3(s.block), 0, a, s.threads);
 }
 
+// Note [narrow rows]: with many rows a row takes blocks of few threads, each holding kNarrowK = 4
+// packs (hidden 4096 bf16: 128 threads, one row a block; w read per row from L1 rather than held
+// in registers). Where the wide shape (512 threads x 1 pack x 4 rows) makes 16 warps wait at each
+// block barrier with all their loads done and their stores not yet issued, a 4-warp block
+// reduces with one small barrier, an SM holds 8 or more independent rows, and their loads and
+// stores interleave. Measured on an H200, bf16 hidden 4096 (docs/perf/gpu-h200-2026-11-28-round16.md),
+// wide against narrow: 16,384 rows 73.0 -> 66.7 us (89% -> 96% of copy), 1,024 rows 4.70 ->
+// 4.31 us (86% -> 93%); with cold operands (the collector) 1,024 rows 6.82 -> 6.58 us but 512 rows
+// 4.62 -> 4.84 and 16 rows 1.74 -> 2.33, hence narrow rows from 6 rows per SM on (between 512 and
+// 1,024 on an H200). fused_add_rms_norm stays wide (256 threads x 2 packs: 131 against 147 us at
+// 16,384 rows, 5.9 against 8.0 at 1,024). Rows of 32..256 threads (hidden 1,024..8,192 in bf16)
+// qualify. OPFORGE_CUDA_NORM_NARROW_ROWS overrides the threshold for both ops (a power of two;
+// 1 always, 1073741824 never).
+constexpr int kNarrowK = 4;
+inline int narrow_threads(int64_t n_packs) {
+  const int64_t t = ((n_packs + kNarrowK - 1) / kNarrowK + 31) / 32 * 32;
+  return n_packs >= 32 * kNarrowK && t <= 256 ? int(t) : 0;
+}
+inline bool narrow_rows(const Context& ctx, int64_t rows, bool fused) {
+  static const int forced = env_choice("OPFORGE_CUDA_NORM_NARROW_ROWS", 1, 1 << 30);
+  if (forced) return rows >= forced;
+  if (fused) return false;  // its 256 x 2 packs stay ahead (131 against 147 us at 16,384 rows)
+  return rows >= 6 * int64_t(cuda_device_props(ctx.device.index).sm_count);
+}
+
+// True when Note [narrow rows] took the call.
+template <class T, bool kFused> bool launch_narrow(const Context& ctx, const FwdArgs<T>& a) {
+  const int threads = narrow_threads(a.hidden / Pack<T>::n);
+  if (!threads || !narrow_rows(ctx, a.rows, kFused)) return false;
+  // At most 256 threads, 4 blocks of them an SM (64 registers a thread); 2 with the residual's
+  // packs also live (at 64 registers the bf16 kernel spilled).
+  constexpr int kMinBlocks = kFused ? 2 : 4;
+  auto* kernel = rms_norm_vec_kernel<T, kNarrowK, 1, kFused, 256, kMinBlocks>;
+  launch_programmatic(ctx, kFused ? "fused_add_rms_norm_cuda_vec16 kernel launch" : "rms_norm_cuda_vec16 kernel launch",
+                      kernel, dim3(grid_for(a.rows, 1)), dim3(threads), 0, a, threads);
+  return true;
+}
+
 template <class T, bool kFused> void launch_vec(const Context& ctx, const FwdArgs<T>& a) {
   const int64_t n_packs = a.hidden / Pack<T>::n;
+  if (launch_narrow<T, kFused>(ctx, a)) {
+    check_launch(kFused ? "fused_add_rms_norm_cuda_vec16 kernel launch" : "rms_norm_cuda_vec16 kernel launch");
+    return;
+  }
   const int cap = fwd_max_threads(kFused, a.rows < cuda_device_props(ctx.device.index).sm_count);
   const int max_threads = n_packs <= 2 * cap ? cap : kFwdMaxThreads;
   const RowShape s = register_row_shape(n_packs, max_threads, 256);

@@ -70,7 +70,8 @@ inline RowShape register_row_shape(int64_t n_packs, int max_threads, int group_b
 
 // Note [rows in flight] (cuda.cu): how many rows a vec16 block step takes at once (R) and how many
 // threads a row gets at most (the rest of a long row goes to a second pack per thread). Measured on
-// an H200 at 16384 x 4096 bf16: rms_norm 512 threads x 4 rows (86% of copy; 1 row: 52%);
+// an H200 at 16384 x 4096 bf16: rms_norm 512 threads x 4 rows (86% of copy; 1 row: 52%; from 6
+// rows per SM on, Note [narrow rows] in cuda.cu takes rms_norm: 96%);
 // fused_add_rms_norm 256 threads x 2 packs x 1 row (91%; 512 x 1 x 2 rows: 85%, 4 rows spill:
 // 62%); the backward kernels 1 row (Note [rows in flight, backward] in cuda_backward.cu).
 // Tuning runs override R with OPFORGE_CUDA_NORM_ROWS=1|2|4 and the thread cap with
@@ -110,10 +111,12 @@ inline const char* vec16_common_problem(const TensorView& x, const TensorView& w
 // s = x + residual rounded to T, as fused_add_rms_norm stores it. The backward recomputes s with
 // this same function, so both see the same bits.
 template <class T>
-__device__ __forceinline__ Pack<T> rounded_sum(Pack<T> x, const Pack<T>& r) {
+__device__ __forceinline__ Pack<T> rounded_sum(const Pack<T>& x, const Pack<T>& r) {
+  PackFloats<T> s = widen_pack(x);
+  const PackFloats<T> fr = widen_pack(r);
 #pragma unroll
-  for (int j = 0; j < Pack<T>::n; ++j) x.v[j] = from_f32<T>(to_f32(x.v[j]) + to_f32(r.v[j]));
-  return x;
+  for (int j = 0; j < Pack<T>::n; ++j) s.v[j] += fr.v[j];
+  return narrow_pack(s);
 }
 
 }  // namespace opforge::cuda::norm

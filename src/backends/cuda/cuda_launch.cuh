@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "backends/cuda/cuda_backend.h"
@@ -269,6 +270,47 @@ template <class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// A pack's elements in f32. bf16 is the top half of an f32: each 32-bit word widens with a shift
+// and a mask, so a pack held in registers stays four registers (converting element by element
+// lets the compiler split it into 16-bit halves and spill register-cached rows).
+template <class T> struct PackFloats {
+  float v[Pack<T>::n];
+};
+template <class T> __device__ __forceinline__ PackFloats<T> widen_pack(const Pack<T>& p) {
+  PackFloats<T> f;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    uint32_t w[4];
+    __builtin_memcpy(w, &p, sizeof(w));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f.v[2 * i] = __uint_as_float(w[i] << 16);
+      f.v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < Pack<T>::n; ++j) f.v[j] = to_f32(p.v[j]);
+  }
+  return f;
+}
+// Rounds f32 values to a pack (nearest even); bf16 pairs go through one 32-bit conversion each, so
+// the pack stays four registers (the counterpart of widen_pack).
+template <class T> __device__ __forceinline__ Pack<T> narrow_pack(const PackFloats<T>& f) {
+  Pack<T> p;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(f.v[2 * i], f.v[2 * i + 1]);
+      __builtin_memcpy(&w[i], &h, sizeof(h));
+    }
+    __builtin_memcpy(&p, w, sizeof(w));
+  } else {
+#pragma unroll
+    for (int j = 0; j < Pack<T>::n; ++j) p.v[j] = from_f32<T>(f.v[j]);
+  }
+  return p;
+}
+
 // Whether the environment variable `name` is set to "0" (a switch that turns a default path off,
 // for side-by-side timing). Read by the caller once (static).
 inline bool env_off(const char* name) {
@@ -281,10 +323,10 @@ inline bool env_off(const char* name) {
 inline int env_choice(const char* name, int lo, int hi) {
   const char* e = std::getenv(name);
   if (!e) return 0;
-  const int n = std::atoi(e);
-  int v = lo;
+  const long long n = std::atoll(e);
+  long long v = lo;  // 64-bit: doubling toward a large hi must not overflow
   while (v * 2 <= n && v * 2 <= hi) v *= 2;
-  return n >= lo ? v : 0;
+  return n >= lo ? int(v) : 0;
 }
 
 // ---- reductions (Note [cuda reductions]) ----------------------------------------------------------
