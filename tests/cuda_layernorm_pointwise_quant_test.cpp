@@ -8,6 +8,7 @@
 // Device tests skip with the probe's reason when no usable CUDA device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -235,6 +236,34 @@ TEST(CudaEwKernels, LayerNormBackwardDeterministicAndEmpty) {
       }
     }
   }
+}
+
+// Note [shifted sums] (ops/layernorm/cuda_fast.cu): rowblock's one-reduction statistics shift by
+// each row's first element and fall back to the centred form when that element is far from the
+// mean. Rows with an outlier first element (fallback) and plain rows (shifted sums) against the
+// reference kernel on the host, in f32.
+TEST(CudaEwKernels, LayerNormRowblockOutlierFirstElement) {
+  REQUIRE_CUDA();
+  const auto k = cuda_kernel<LayerNorm>("cuda_vec16_rowblock");
+  const auto ref = global_registry().op(LayerNorm::name).kernel("reference", DeviceKind::cpu);
+  ASSERT_TRUE(k.fn && ref);
+  const int64_t rows = 256, hidden = 4096;  // rowblock takes 128 rows and more
+  Mat x = mat(rows, hidden, DType::f32, 0, 0, 21), w = mat(-1, hidden, DType::f32, 0, 0, 22);
+  Mat b = mat(-1, hidden, DType::f32, 0, 0, 23), y = mat(rows, hidden, DType::f32);
+  for (int64_t r = 0; r < rows; r += 2) store_from_double(x.buf.data(), DType::f32, r * hidden, 3000.0);
+  for (int64_t r = 1; r < rows; r += 4) store_from_double(x.buf.data(), DType::f32, r * hidden + 5, -2000.0);
+  ASSERT_EQ(k.ok(y.host(), x.host(), w.host(), b.host(), 1e-5), nullptr);
+  Tensor gx = to_gpu(x), gw = to_gpu(w), gb = to_gpu(b), gy = to_gpu(y);
+  k.fn(kGpuCtx, y.view_of(gy, kGpu), x.view_of(gx, kGpu), w.view_of(gw, kGpu), b.view_of(gb, kGpu), 1e-5);
+  const Tensor got = to_host(gy);
+  auto* ref_fn = reinterpret_cast<OpTraits<LayerNorm>::Kernel*>(ref->fn);
+  ref_fn(kCpuCtx, y.host(), x.host(), w.host(), b.host(), 1e-5);
+  double worst = 0;
+  for (int64_t i = 0; i < rows * hidden; ++i) {
+    const double want = load_as_double(y.buf.data(), DType::f32, i), have = load_as_double(got.data(), DType::f32, i);
+    worst = std::max(worst, std::abs(have - want) / (1.0 + std::abs(want)));
+  }
+  EXPECT_LT(worst, 2e-5);
 }
 
 // ---- pointwise ops in place -----------------------------------------------------------------------

@@ -16,9 +16,11 @@
 //    one shared-memory step across 4 warps. The grid is one block per row (capped at the grid
 //    limit, blocks loop): the block scheduler keeps every SM full and balances the tail without
 //    a fixed row split; 16 rows are 16 blocks, one DRAM round trip.
-//  - Statistics: the mean from the row sum, then the centred pass over the registers (sum of
-//    d = x - mean and of d^2, one paired reduction) with the correction mean += sum(d) / n,
-//    var * n = sum(d^2) - sum(d)^2 / n (as cuda_vec16: no E[x^2] - E[x]^2 cancellation).
+//  - Statistics: one paired reduction of the sums of d = x - x[0] and of d^2 (Note [shifted
+//    sums]) while the row's first element is near its mean; otherwise the mean from the row sum,
+//    then the centred pass over the registers (sum of d = x - mean and of d^2, one paired
+//    reduction) with the correction mean += sum(d) / n, var * n = sum(d^2) - sum(d)^2 / n. Either
+//    way no E[x^2] - E[x]^2 cancellation.
 //  - w and b are read per row from L1/L2 (__ldg), not DRAM: their 2 * hidden elements stay
 //    cached across the rows of an SM.
 //  - Predicate: f32/f16/bf16; hidden a multiple of the pack, at least 64 packs (shorter rows go
@@ -129,11 +131,39 @@ template <int V> __device__ __forceinline__ void team_sum(float (&v)[V], float* 
 }
 
 // ---- forward ---------------------------------------------------------------------------------------
+// Sums of d = x - c and of d^2 over the thread's packs of the row (pack i = t + k * threads).
 template <class T, int K>
+__device__ __forceinline__ void sums_about(const Pack<T> (&xp)[K], int t, int threads, int n_packs, float c,
+                                           float (&cs)[2]) {
+  cs[0] = cs[1] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (t + k * threads < n_packs)
+#pragma unroll
+      for (int j = 0; j < Pack<T>::n; ++j) {
+        const float d = to_f32(xp[k].v[j]) - c;
+        cs[0] += d;
+        cs[1] += d * d;
+      }
+}
+
+// Note [shifted sums]: the row's sums of d = x - x[0] and of d^2 in one block reduction give the
+// mean and the centred sum of squares M2 = sum d^2 - (sum d)^2 / n. Its rounding error relative
+// to M2 grows with n (mean - x[0])^2 / M2, the cancellation; while that is at most 8 (x[0] within
+// about 3 standard deviations of the mean, as in any row not built against it) the answer is as
+// accurate as the centred form and one reduction is saved. Otherwise (an outlier first element,
+// a row of mean 100 and spread 1 whose first element is far out) the kernel takes the centred
+// form: the sum, then the sums of x - mean, two more reductions. The test is on the reduced sums,
+// so the whole block takes the same branch. OPFORGE_CUDA_LN_SHIFTED=0 always takes the centred
+// form (tuning).
+template <class T, int K, bool kShifted>
 __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArgs<T> a) {
   constexpr int N = Pack<T>::n;
   __shared__ float scratch_sum[32];
   __shared__ float scratch_centred[2 * 32];
+  // By row parity: a warp can reach the next row's reduction while another still reads this one's.
+  __shared__ float scratch_shifted[2][2 * 32];
+  int parity = 0;
   const int n_packs = int(a.hidden / N);
   const int t = threadIdx.x, threads = blockDim.x;
   const float inv_h = 1.0f / float(a.hidden);
@@ -147,28 +177,36 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArg
       const int i = t + k * threads;
       if (i < n_packs) xp[k] = load_pack(x + int64_t(i) * N);
     }
-    float sum[1] = {0.0f};
+    float mean, centred_sq;
+    bool done = false;
+    if constexpr (kShifted) {  // Note [shifted sums]
+      const float s0 = to_f32(x[0]);
+      float cs[2];  // sum d, sum d^2 with d = x - x[0]
+      sums_about(xp, t, threads, n_packs, s0, cs);
+      team_sum<2>(cs, scratch_shifted[parity]);
+      parity ^= 1;
+      const float md = cs[0] * inv_h, m2 = cs[1] - cs[0] * md;
+      mean = s0 + md;
+      centred_sq = m2;
+      done = cs[0] * md <= 8.0f * m2;  // block-uniform: every thread has the same sums
+    }
+    if (!done) {
+      float sum[1] = {0.0f};
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (t + k * threads < n_packs)
+      for (int k = 0; k < K; ++k)
+        if (t + k * threads < n_packs)
 #pragma unroll
-        for (int j = 0; j < N; ++j) sum[0] += to_f32(xp[k].v[j]);
-    team_sum<1>(sum, scratch_sum);
-    float mean = sum[0] * inv_h;
-    float cs[2] = {0.0f, 0.0f};  // sum d, sum d^2 with d = x - mean
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (t + k * threads < n_packs)
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float d = to_f32(xp[k].v[j]) - mean;
-          cs[0] += d;
-          cs[1] += d * d;
-        }
-    team_sum<2>(cs, scratch_centred);
-    const float shift = cs[0] * inv_h;
-    mean += shift;
-    const float rstd = rstd_of(fmaxf(cs[1] - cs[0] * shift, 0.0f), a.hidden, a.eps);
+          for (int j = 0; j < N; ++j) sum[0] += to_f32(xp[k].v[j]);
+      team_sum<1>(sum, scratch_sum);
+      mean = sum[0] * inv_h;
+      float cs[2];  // sum d, sum d^2 with d = x - mean
+      sums_about(xp, t, threads, n_packs, mean, cs);
+      team_sum<2>(cs, scratch_centred);
+      const float shift = cs[0] * inv_h;
+      mean += shift;
+      centred_sq = cs[1] - cs[0] * shift;
+    }
+    const float rstd = rstd_of(fmaxf(centred_sq, 0.0f), a.hidden, a.eps);
     T* y = a.y + row * a.y_stride;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -200,9 +238,11 @@ int fwd_k(int64_t n_packs, int max_k) {
 }
 
 template <class T, int K> void launch_fwd_k(const Context& ctx, const FwdArgs<T>& a, int64_t n_packs) {
+  static const bool centred_only = env_off("OPFORGE_CUDA_LN_SHIFTED");
   const int threads = int((n_packs + K - 1) / K + 31) / 32 * 32;
-  launch_programmatic(ctx, "layer_norm_cuda_vec16_rowblock kernel launch", layer_norm_rowblock_kernel<T, K>,
-                      dim3(grid_for(a.rows, 1)), dim3(threads), 0, a);
+  auto* kernel = centred_only ? layer_norm_rowblock_kernel<T, K, false> : layer_norm_rowblock_kernel<T, K, true>;
+  launch_programmatic(ctx, "layer_norm_cuda_vec16_rowblock kernel launch", kernel, dim3(grid_for(a.rows, 1)),
+                      dim3(threads), 0, a);
 }
 
 template <class T> void launch_forward(const Context& ctx, const FwdArgs<T>& a) {
