@@ -84,8 +84,6 @@ struct Workload {
   int64_t total_tokens() const { return phase == Phase::prefill ? batch * tokens : batch; }
 };
 
-// How a call that is not an opforge op (no database table) is costed: the bytes it moves at the
-// copy ceiling of the system. `modelled_bytes` > 0 marks such a call.
 // Note [moe row spread] (layer.cpp): one row count of an MoE expert GEMM and the expected number
 // of experts that run at it.
 struct RowsShare {
@@ -93,6 +91,8 @@ struct RowsShare {
   double experts = 0;
 };
 
+// How a call that is not an opforge op (no database table) is costed: the bytes it moves at the
+// copy ceiling of the system. `modelled_bytes` > 0 marks such a call.
 struct OpCall {
   std::string name;    // row label: "qkv_proj", "input_norm", ...
   std::string op;      // the op queried: "linear", "fused_add_rms_norm", ... or "all_reduce"
