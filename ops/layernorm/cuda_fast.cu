@@ -22,7 +22,9 @@
 //    reduction) with the correction mean += sum(d) / n, var * n = sum(d^2) - sum(d)^2 / n. Either
 //    way no E[x^2] - E[x]^2 cancellation.
 //  - w and b are read per row from L1/L2 (__ldg), not DRAM: their 2 * hidden elements stay
-//    cached across the rows of an SM.
+//    cached across the rows of an SM. 16-bit packs widen and round by 32-bit words, and the bias
+//    is a template argument (Note [word-wise packs]): no cached pack is split into 16-bit halves
+//    and spilled.
 //  - Predicate: f32/f16/bf16; hidden a multiple of the pack, at least 64 packs (shorter rows go
 //    to cuda_vec16, which packs several rows into one block) and at most 32768; x and y rows
 //    16-byte aligned (base and row stride); w (and b) contiguous and 16-byte aligned.
@@ -60,6 +62,7 @@
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
+#include <type_traits>
 
 #include "ops/layernorm/layernorm_cuda.h"
 #include "ops/norm/cuda_common.cuh"
@@ -138,13 +141,15 @@ __device__ __forceinline__ void sums_about(const Pack<T> (&xp)[K], int t, int th
   cs[0] = cs[1] = 0.0f;
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (t + k * threads < n_packs)
+    if (t + k * threads < n_packs) {
+      const PackFloats<T> f = widen_pack(xp[k]);
 #pragma unroll
       for (int j = 0; j < Pack<T>::n; ++j) {
-        const float d = to_f32(xp[k].v[j]) - c;
+        const float d = f.v[j] - c;
         cs[0] += d;
         cs[1] += d * d;
       }
+    }
 }
 
 // Note [shifted sums]: the row's sums of d = x - x[0] and of d^2 in one block reduction give the
@@ -156,7 +161,7 @@ __device__ __forceinline__ void sums_about(const Pack<T> (&xp)[K], int t, int th
 // form: the sum, then the sums of x - mean, two more reductions. The test is on the reduced sums,
 // so the whole block takes the same branch. OPFORGE_CUDA_LN_SHIFTED=0 always takes the centred
 // form (tuning).
-template <class T, int K, bool kShifted>
+template <class T, int K, bool kShifted, bool kBias>
 __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArgs<T> a) {
   constexpr int N = Pack<T>::n;
   __shared__ float scratch_sum[32];
@@ -167,7 +172,6 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArg
   const int n_packs = int(a.hidden / N);
   const int t = threadIdx.x, threads = blockDim.x;
   const float inv_h = 1.0f / float(a.hidden);
-  const bool has_b = a.b != nullptr;
   programmatic_prologue();  // Note [programmatic launch]
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {  // block-uniform
     const T* x = a.x + row * a.x_stride;
@@ -194,9 +198,11 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArg
       float sum[1] = {0.0f};
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        if (t + k * threads < n_packs)
+        if (t + k * threads < n_packs) {
+          const PackFloats<T> f = widen_pack(xp[k]);
 #pragma unroll
-          for (int j = 0; j < N; ++j) sum[0] += to_f32(xp[k].v[j]);
+          for (int j = 0; j < N; ++j) sum[0] += f.v[j];
+        }
       team_sum<1>(sum, scratch_sum);
       mean = sum[0] * inv_h;
       float cs[2];  // sum d, sum d^2 with d = x - mean
@@ -208,17 +214,34 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArg
     }
     const float rstd = rstd_of(fmaxf(centred_sq, 0.0f), a.hidden, a.eps);
     T* y = a.y + row * a.y_stride;
+    // Note [word-wise packs]: for 16-bit types x, w and b widen by 32-bit words (widen_pack), the
+    // output rounds by pairs (narrow_pack) and the bias is a template argument (kBias) rather
+    // than a test per pack. That took the bf16 kernel from 73 to 67.5 us at 16,384 x 4,096
+    // (88% -> 95% of copy) and from 6.0 to 5.3 us at 1,024 tokens on an H200, f16 from 67.5 to
+    // 67.0 and 5.25 to 5.1 (docs/perf/gpu-h200-2026-11-28-round17.md). f32 keeps a test per pack
+    // (launched with kBias false): as a template argument its K = 8 kernel spilled and ran 5-10%
+    // slower (133 -> 140 us).
+    constexpr bool kWordPacks = !std::is_same_v<T, float>;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = t + k * threads;
-      if (i < n_packs) {
+      if (i >= n_packs) continue;
+      if constexpr (kWordPacks) {
+        PackFloats<T> f = widen_pack(xp[k]);
+        const PackFloats<T> wf = widen_pack(load_pack_readonly(a.w + int64_t(i) * N));
+        PackFloats<T> bf{};
+        if constexpr (kBias) bf = widen_pack(load_pack_readonly(a.b + int64_t(i) * N));
+#pragma unroll
+        for (int j = 0; j < N; ++j) f.v[j] = (f.v[j] - mean) * rstd * wf.v[j] + bf.v[j];
+        store_pack(y + int64_t(i) * N, narrow_pack(f));
+      } else {
         const Pack<T> wp = load_pack_readonly(a.w + int64_t(i) * N);
         Pack<T> bp;
-        if (has_b) bp = load_pack_readonly(a.b + int64_t(i) * N);
+        if (a.b) bp = load_pack_readonly(a.b + int64_t(i) * N);
         Pack<T> out;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float bias = has_b ? to_f32(bp.v[j]) : 0.0f;
+          const float bias = a.b ? to_f32(bp.v[j]) : 0.0f;
           out.v[j] = from_f32<T>((to_f32(xp[k].v[j]) - mean) * rstd * to_f32(wp.v[j]) + bias);
         }
         store_pack(y + int64_t(i) * N, out);
@@ -240,7 +263,13 @@ int fwd_k(int64_t n_packs, int max_k) {
 template <class T, int K> void launch_fwd_k(const Context& ctx, const FwdArgs<T>& a, int64_t n_packs) {
   static const bool centred_only = env_off("OPFORGE_CUDA_LN_SHIFTED");
   const int threads = int((n_packs + K - 1) / K + 31) / 32 * 32;
-  auto* kernel = centred_only ? layer_norm_rowblock_kernel<T, K, false> : layer_norm_rowblock_kernel<T, K, true>;
+  auto pick = [&](auto bias) {
+    constexpr bool kB = decltype(bias)::value;
+    return centred_only ? layer_norm_rowblock_kernel<T, K, false, kB> : layer_norm_rowblock_kernel<T, K, true, kB>;
+  };
+  auto* kernel = pick(std::false_type{});
+  if constexpr (!std::is_same_v<T, float>)  // Note [word-wise packs]: f32 tests for the bias per pack
+    if (a.b) kernel = pick(std::true_type{});
   launch_programmatic(ctx, "layer_norm_cuda_vec16_rowblock kernel launch", kernel, dim3(grid_for(a.rows, 1)),
                       dim3(threads), 0, a);
 }

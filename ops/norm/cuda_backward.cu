@@ -151,25 +151,47 @@ __device__ __forceinline__ Pack<T> input_pack(const BwdRow<T>& p, int col) {
   return x;
 }
 
-// dx (and dresidual) of one pack, given the row's scales k = (r, r^3/H * sum m*x).
-template <class T, bool kFused>
+// dx (and dresidual) of one pack, given the row's scales k = (r, r^3/H * sum m*x). kWords: the
+// packs widen and round by 32-bit words (widen_pack / narrow_pack), the same values; the few-row
+// cluster kernel uses it (its bf16 form spilled 10-12 bytes element by element and none by words:
+// H200, 16 x 4,096 bf16, rms_norm_backward 4.49 -> 4.18-4.21 us, fused_add_rms_norm_backward 5.20
+// -> 4.66, docs/perf/gpu-h200-2026-11-28-round17.md). The vec16 kernel keeps the element form:
+// by words it ran 1-1.5% slower at 16,384 rows.
+template <class T, bool kFused, bool kWords = false>
 __device__ __forceinline__ void store_dx_pack(const BwdRow<T>& p, int col, const Pack<T>& xp,
                                               const Pack<T>& gp, const Pack<T>& wp, float offset,
                                               float2 k, float* dw) {
   constexpr int N = Pack<T>::n;
-  Pack<T> out;
-  Pack<T> dsp;
-  if constexpr (kFused) dsp = load_pack(p.ds + col);
+  if constexpr (kWords) {
+    const PackFloats<T> xf = widen_pack(xp), gf = widen_pack(gp), wf = widen_pack(wp);
+    PackFloats<T> dsf, out;
+    if constexpr (kFused) dsf = widen_pack(load_pack(p.ds + col));
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const float v = to_f32(xp.v[j]), g = to_f32(gp.v[j]);
-    float dx = k.x * g * (to_f32(wp.v[j]) + offset) - k.y * v;
-    if constexpr (kFused) dx += to_f32(dsp.v[j]);
-    out.v[j] = from_f32<T>(dx);
-    dw[j] += g * v * k.x;
+    for (int j = 0; j < N; ++j) {
+      const float v = xf.v[j], g = gf.v[j];
+      float dx = k.x * g * (wf.v[j] + offset) - k.y * v;
+      if constexpr (kFused) dx += dsf.v[j];
+      out.v[j] = dx;
+      dw[j] += g * v * k.x;
+    }
+    const Pack<T> rounded = narrow_pack(out);
+    store_pack(p.dx + col, rounded);
+    if constexpr (kFused) store_pack(p.dr + col, rounded);
+  } else {
+    Pack<T> out;
+    Pack<T> dsp;
+    if constexpr (kFused) dsp = load_pack(p.ds + col);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float v = to_f32(xp.v[j]), g = to_f32(gp.v[j]);
+      float dx = k.x * g * (to_f32(wp.v[j]) + offset) - k.y * v;
+      if constexpr (kFused) dx += to_f32(dsp.v[j]);
+      out.v[j] = from_f32<T>(dx);
+      dw[j] += g * v * k.x;
+    }
+    store_pack(p.dx + col, out);
+    if constexpr (kFused) store_pack(p.dr + col, out);
   }
-  store_pack(p.dx + col, out);
-  if constexpr (kFused) store_pack(p.dr + col, out);
 }
 
 // Note [one-launch dw]: the vec16 kernel is launched cooperatively (every block resident). Phase 1:
@@ -370,11 +392,12 @@ __global__ void __launch_bounds__(kClusterMaxThreads) rms_norm_bwd_cluster_kerne
     sums[s] = make_float2(0.0f, 0.0f);
     if (col_live && row < a.rows) {
       if constexpr (kFused) xp[s] = rounded_sum(xp[s], rp[s]);
+      const PackFloats<T> xf = widen_pack(xp[s]), gf = widen_pack(gp[s]), wf = widen_pack(wp);
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        const float v = to_f32(xp[s].v[j]);
+        const float v = xf.v[j];
         sums[s].x += v * v;
-        sums[s].y += to_f32(gp[s].v[j]) * (to_f32(wp.v[j]) + a.offset) * v;
+        sums[s].y += gf.v[j] * (wf.v[j] + a.offset) * v;
       }
     }
 #pragma unroll
@@ -417,7 +440,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads) rms_norm_bwd_cluster_kerne
   for (int s = 0; s < RT; ++s) {
     const int64_t row = g + int64_t(s) * groups;
     if (col_live && row < a.rows)
-      store_dx_pack<T, kFused>(bwd_row<T, kFused>(a, row), col, xp[s], gp[s], wp, a.offset,
+      store_dx_pack<T, kFused, true>(bwd_row<T, kFused>(a, row), col, xp[s], gp[s], wp, a.offset,
                                row_scales(row_total[row], a), dw);
   }
   // dw of the CTA's columns. One row group: each thread's sums are its columns' dw. Else every
