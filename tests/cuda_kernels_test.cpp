@@ -280,6 +280,13 @@ TEST(CudaKernels, RmsNormBackwardMatchesReference) {
       for (bool vec : {false, true}) check_rms_norm_backward(t, s, vec, false);
   check_rms_norm_backward(DType::bf16, {2048, 4096, 0}, true, false);  // many rows per block
   check_rms_norm_backward(DType::f32, {1000, 256, 4}, false, false);
+  // Note [bulk-copy row pipeline] (taken from 16 rows an SM on): at 3,000 x 4,096 a block of an
+  // H100/H200 takes 12 or more rows, so its ring of stages wraps (f32: two packs a thread); 1,000
+  // elements are not a whole warp of packs; bf16 8192 takes two packs a thread.
+  for (DType t : kDTypes)
+    for (const Shape2& s : {Shape2{3000, 4096, 0}, Shape2{2500, 1000, 0}})
+      for (bool fused : {false, true}) check_rms_norm_backward(t, s, true, fused);
+  check_rms_norm_backward(DType::bf16, {2400, 8192, 0}, true, true);
 }
 
 TEST(CudaKernels, FusedAddRmsNormBackwardMatchesReference) {

@@ -388,7 +388,7 @@ void register_norm_cuda(Registry& reg) {
   const char* bwd_vec_summary =
       "16-byte packs in registers; few rows: one thread-block cluster over the columns (dw finished "
       "per CTA); else one cooperative launch, per-block f32 dw partials reduced in fixed order after "
-      "a grid barrier";
+      "a grid barrier, rows streamed through shared memory by bulk copies from 16 rows an SM on";
   const char* bwd_scalar_summary =
       "any layout: scalar loads, per-block f32 dw partials reduced in fixed order";
   reg.add_kernel<RmsNormBackward>(bwd_desc("cuda_vec16", 200, bwd_vec_summary),

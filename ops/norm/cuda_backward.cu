@@ -16,6 +16,9 @@
 //  - cuda_vec16 (priority 200): Note [register-resident row] with up to 512 threads x 2 packs of
 //    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row
 //    (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
+//    Few rows (up to 32 at hidden 4,096 bf16) go to one thread-block cluster (Note [few-row
+//    backward cluster]); from 16 rows an SM on the rows stream through shared memory filled by
+//    bulk copies (Note [bulk-copy row pipeline], cuda_backward_bulk.cu).
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
 //  is allocated only on the first call with a larger shape. The scalar kernel and the dw
@@ -26,7 +29,7 @@
 #include <atomic>
 #include <initializer_list>
 
-#include "ops/norm/cuda_common.cuh"
+#include "ops/norm/cuda_backward.cuh"
 
 namespace opforge {
 namespace cuda::norm {
@@ -47,12 +50,6 @@ Chunks dw_chunks(const Context& ctx, int64_t rows, int threads_per_block) {
   c.rows_per_block = (rows + c.blocks - 1) / c.blocks;
   c.blocks = (rows + c.rows_per_block - 1) / c.rows_per_block;  // no empty block
   return c;
-}
-
-template <class T>
-__device__ __forceinline__ float2 row_scales(float2 sums, const BwdArgs<T>& a) {
-  const float rstd = 1.0f / sqrtf(sums.x / float(a.hidden) + a.eps);
-  return make_float2(rstd, rstd * rstd * rstd / float(a.hidden) * sums.y);  // (r, r^3/H * sum m*x)
 }
 
 // ---- dw: sum partials [parts, hidden] over parts in index order ------------------------------------
@@ -122,35 +119,6 @@ __global__ void __launch_bounds__(256) rms_norm_bwd_rows_kernel(BwdArgs<T> a, fl
 }
 
 // ---- register-resident kernel ----------------------------------------------------------------------
-// Row pointers of one row; columns inside a row fit an int (at most 2 * 512 packs here).
-template <class T> struct BwdRow {
-  const T* x;
-  const T* r;
-  const T* dy;
-  const T* ds;
-  T* dx;
-  T* dr;
-};
-template <class T, bool kFused> __device__ __forceinline__ BwdRow<T> bwd_row(const BwdArgs<T>& a, int64_t row) {
-  BwdRow<T> p{a.x + row * a.x_stride, nullptr, a.dy + row * a.dy_stride, nullptr,
-              a.dx + row * a.dx_stride, nullptr};
-  if constexpr (kFused) {
-    p.r = a.r + row * a.r_stride;
-    p.ds = a.ds + row * a.ds_stride;
-    p.dr = a.dr + row * a.dr_stride;
-  }
-  return p;
-}
-
-template <class T, bool kFused>
-__device__ __forceinline__ Pack<T> input_pack(const BwdRow<T>& p, int col) {
-  Pack<T> x = load_pack(p.x + col);
-  if constexpr (kFused) {
-    x = rounded_sum(x, load_pack(p.r + col));
-  }
-  return x;
-}
-
 // dx (and dresidual) of one pack, given the row's scales k = (r, r^3/H * sum m*x). kWords: the
 // packs widen and round by 32-bit words (widen_pack / narrow_pack), the same values; the few-row
 // cluster kernel uses it (its bf16 form spilled 10-12 bytes element by element and none by words:
@@ -280,43 +248,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
       }
     }
   }
-  float* dw_part = partial + int64_t(blockIdx.x) * a.hidden;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = threadIdx.x + k * threads;
-    if (i < n_packs)
-#pragma unroll
-      for (int j = 0; j < N; j += 4)
-        *reinterpret_cast<float4*>(dw_part + i * N + j) =
-            make_float4(dw[k][j], dw[k][j + 1], dw[k][j + 2], dw[k][j + 3]);
-  }
-
+  store_dw_partial<T, K>(partial, a.hidden, dw);
   grid_barrier(barrier, gridDim.x);
-
-  const int64_t parts = gridDim.x;
-  const int64_t per_block = (a.hidden + parts - 1) / parts;
-  const int64_t c_begin = int64_t(blockIdx.x) * per_block;
-  const int64_t c_end = min(a.hidden, c_begin + per_block);
-  const int cw = int(per_block < threads ? per_block : int64_t(threads));  // columns at a time
-  const int ny = threads / cw;                                            // threads per column
-  const int cx = threadIdx.x % cw, py = threadIdx.x / cw;
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += cw) {  // block-uniform; one pass when G >= H / threads
-    const int64_t col = c0 + cx;
-    if (py < ny) {
-      float acc = 0.0f;
-      if (col < c_end)
-#pragma unroll 8
-        for (int64_t q = py; q < parts; q += ny) acc += __ldcg(partial + q * a.hidden + col);
-      slice[py * cw + cx] = acc;
-    }
-    __syncthreads();
-    if (threadIdx.x < cw && col < c_end) {
-      float sum = 0.0f;
-      for (int y = 0; y < ny; ++y) sum += slice[y * cw + threadIdx.x];
-      dw_out[col * dw_stride] = from_f32<T>(sum);
-    }
-    __syncthreads();
-  }
+  dw_from_partials(partial, a.hidden, slice, dw_out, dw_stride);
 }
 
 // ---- few rows: one cluster ------------------------------------------------------------------------
@@ -498,17 +432,13 @@ void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
     per_sm[block / 32].store(fit, std::memory_order_relaxed);
   }
   const int64_t resident = int64_t(fit) * cuda_device_props(ctx.device.index).sm_count;
-  const int64_t steps = (a.rows + R - 1) / R;
-  const int64_t rows_per_block = (steps + resident - 1) / resident * R;
-  // Note [one-launch dw]: at least hidden / threads blocks (some without rows when rows are few).
-  const int64_t min_blocks = std::min(resident, (a.hidden + block - 1) / block);
-  const int64_t blocks = std::max((a.rows + rows_per_block - 1) / rows_per_block, min_blocks);
-  auto* partial = static_cast<float*>(cuda_workspace(ctx, blocks * a.hidden * int64_t(sizeof(float))));
+  const OneLaunchGrid g = one_launch_grid(a.rows, a.hidden, resident, block, R);
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, g.blocks * a.hidden * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
   launch_cooperative(ctx,
                      kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
                             : "rms_norm_backward_cuda_vec16 cooperative launch",
-                     kernel, blocks, block, 0, a, partial, rows_per_block, barrier, dw.ptr<T>(),
+                     kernel, g.blocks, block, 0, a, partial, g.rows_per_block, barrier, dw.ptr<T>(),
                      int64_t(dw.stride(0)));
 }
 
@@ -520,6 +450,7 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   }
   if (vec) {
     if (launch_bwd_cluster<T, kFused>(ctx, a, dw)) return;  // Note [few-row backward cluster]
+    if (launch_bwd_bulk<T, kFused>(ctx, a, dw)) return;     // Note [bulk-copy row pipeline]
     const RowShape s = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
     // Note [rows in flight, backward].
     const int64_t sms = cuda_device_props(ctx.device.index).sm_count;

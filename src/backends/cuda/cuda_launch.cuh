@@ -223,6 +223,43 @@ template <int pending> __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Note [bulk copies]: 1-D bulk copies global -> shared by the copy engine (cp.async.bulk, compute
+// capability 9.0 on) that complete on an mbarrier in shared memory. One thread initialises the
+// barrier (bulk_barrier_init, arrival count 1, then a barrier of the block before anyone waits),
+// announces the bytes of a round and issues its copies (bulk_expect, bulk_copy: source and
+// destination 16-byte aligned, size a multiple of 16); the round's phase completes when the last
+// byte lands, and every reader waits for it with the parity of that round (bulk_wait: round n has
+// parity n & 1). A buffer may be refilled once every thread that read it has passed a block
+// barrier after its reads.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void bulk_barrier_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // seen by the copy engine
+}
+__device__ __forceinline__ void bulk_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* smem_dst, const void* global_src, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(smem_dst)),
+               "l"(global_src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_wait(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.b32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 // Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
 inline unsigned grid_for(int64_t work, int64_t per_block) {
   int64_t blocks = (work + per_block - 1) / per_block;

@@ -1,0 +1,237 @@
+// The many-row vec16 backward of rms_norm and fused_add_rms_norm (and Gemma's forms, offset 1)
+// through a shared-memory row pipeline filled by the copy engine.
+//
+// Note [bulk-copy row pipeline]: the register-resident kernel (cuda_backward.cu) holds only the
+// row it is reducing, so an SM has at most two rows of loads in flight (two 512-thread blocks of
+// 64 registers) and none while its blocks reduce and write: rms_norm_backward at 16,384 x 4,096
+// bf16 on an H200 read DRAM at 59% of its peak (Nsight Compute), 69% of the copy bandwidth.
+// Here each block keeps a ring of S stages (S = 2..4, as many as its share of the SM's shared
+// memory holds); a stage holds one row's x and dy (fused: residual and ds too), one 1-D bulk copy
+// a tensor, all completing on the stage's mbarrier (Note [bulk copies] in cuda_launch.cuh).
+//  - Thread 0 issues the copies. Every thread waits on the stage's barrier with the parity of its
+//    turn, reads its own 16-byte packs, and reduces (sum x^2, sum m*x) over the block. After that
+//    reduction (whose block barriers follow every thread's work on the previous row) thread 0
+//    refills the previous row's stage, so S - 1 rows are in flight while a row is reduced and
+//    written; the copies take no registers and no issue slots of the other threads.
+//  - The packs are read again from shared memory for dx rather than held across the reduction,
+//    which leaves the registers for w + offset in f32 (one conversion and add an element fewer in
+//    each of the row's two passes). K packs a thread, 512 threads x 1 or 2 (hidden up to 8,192
+//    bf16, 4,096 f32); dw accumulates in f32 registers over the block's row chunk; one
+//    cooperative launch whose blocks write dw partials [G, hidden], meet at a grid barrier and
+//    sum them in a fixed order (Note [one-launch dw], Note [deterministic dw]): the same bits for
+//    a given shape and device, no float atomics.
+//  - Taken from 16 rows an SM on (below, each block has too few rows to fill its ring: 1,024 rows
+//    ran at 14.6 us against 14.0 for the register-resident kernel) and not for f32 without the
+//    residual (measured slower, launch_bwd_bulk). H200, 16,384 x 4,096, % of copy, this pipeline
+//    against the register-resident kernel in the same call: rms_norm_backward bf16 83.7% / 69%,
+//    f16 83.9% / 71%; fused_add_rms_norm_backward bf16 86% / 85%, f16 87% / 86.5%, f32 95% / 82%
+//    (docs/perf/gpu-h200-2026-11-28-round18.md). 256 threads x 2 packs was slower (77%).
+//  - Assumes what the vec16 predicate checks: every row 16-byte aligned (base and stride) and
+//    hidden a multiple of the 16-byte pack, so a row is a whole number of 16-byte units, as a bulk
+//    copy needs. With less than two stages' room the caller runs the register-resident kernel.
+//  - OPFORGE_CUDA_NORM_BULK=0 turns the pipeline off (side-by-side timing, and checks of the
+//    register-resident kernel at many rows).
+// f32 arithmetic, int64 row offsets, launches on ctx.stream, no host synchronization.
+#include <algorithm>
+#include <atomic>
+#include <type_traits>
+
+#include "ops/norm/cuda_backward.cuh"
+
+namespace opforge::cuda::norm {
+namespace {
+
+constexpr int kMaxStages = 4;
+// Rows per SM from which the pipeline is taken. H200, 4,096 bf16: 1,024 rows (8 an SM, about 4 a
+// block) 14.6 us against 14.0 for the register-resident kernel; 16,384 rows 115.5 against 140.7.
+constexpr int64_t kBulkMinRowsPerSm = 16;
+// Static shared memory of the kernel (barriers, reduction scratch, dw slice) plus the 1 KB the
+// runtime reserves per block, left out of a block's share of the SM.
+constexpr int64_t kStaticBytes = kMaxStages * 8 + 2 * 32 * 4 + kBwdMaxThreads * 4 + 1024;
+
+template <class T>
+__device__ __forceinline__ Pack<T> stage_pack(const unsigned char* stage, uint32_t offset) {
+  return *reinterpret_cast<const Pack<T>*>(stage + offset);
+}
+
+template <class T, int K, bool kFused>
+__global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
+    rms_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, int stages,
+                             unsigned* barrier, T* dw_out, int64_t dw_stride) {
+  constexpr int N = Pack<T>::n;
+  constexpr int kTensors = kFused ? 4 : 2;  // x, dy (, residual, ds) of a row
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ uint64_t full[kMaxStages];
+  __shared__ float scratch[2 * 32];
+  __shared__ float slice[kBwdMaxThreads];
+  const int n_packs = int(a.hidden / N);
+  const int threads = blockDim.x;
+  const uint32_t row_bytes = uint32_t(a.hidden) * uint32_t(sizeof(T));
+  const uint32_t stage_bytes = kTensors * row_bytes;
+  const int64_t first = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t last = min(a.rows, first + rows_per_block);
+
+  // Thread 0: the bulk copies of `row` into stage s (none past the chunk).
+  auto issue = [&](int64_t row, int s) {
+    if (row >= last) return;
+    unsigned char* dst = ring + size_t(s) * stage_bytes;
+    bulk_expect(&full[s], stage_bytes);
+    bulk_copy(dst, a.x + row * a.x_stride, row_bytes, &full[s]);
+    bulk_copy(dst + row_bytes, a.dy + row * a.dy_stride, row_bytes, &full[s]);
+    if constexpr (kFused) {
+      bulk_copy(dst + 2 * row_bytes, a.r + row * a.r_stride, row_bytes, &full[s]);
+      bulk_copy(dst + 3 * row_bytes, a.ds + row * a.ds_stride, row_bytes, &full[s]);
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) bulk_barrier_init(&full[s]);
+    for (int s = 0; s < stages; ++s) issue(first + s, s);
+  }
+
+  // w + offset in f32 for the whole chunk (the registers the packs of x and dy do not hold).
+  float wf[K][N];
+  float dw[K][N];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * threads;
+    if (i < n_packs) {
+      const Pack<T> wp = load_pack_readonly(a.w + i * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) wf[k][j] = to_f32(wp.v[j]) + a.offset;
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = 0.0f;
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  // This thread's packs of the row in `stage`: x (fused: rounded x + residual), dy and ds.
+  auto read = [&](const unsigned char* stage, int k, Pack<T>& xp, Pack<T>& gp, Pack<T>& dsp) {
+    const uint32_t off = uint32_t(threadIdx.x + k * threads) * 16u;
+    xp = stage_pack<T>(stage, off);
+    gp = stage_pack<T>(stage, row_bytes + off);
+    if constexpr (kFused) {
+      xp = rounded_sum(xp, stage_pack<T>(stage, 2 * row_bytes + off));
+      dsp = stage_pack<T>(stage, 3 * row_bytes + off);
+    }
+  };
+
+  int s = 0;
+  unsigned parity = 0;
+  for (int64_t row = first; row < last; ++row) {  // block-uniform
+    bulk_wait(&full[s], parity);
+    const unsigned char* stage = ring + size_t(s) * stage_bytes;
+    Pack<T> xp[K], gp[K], dsp[K];
+    float sums[2] = {0.0f, 0.0f};  // (sum x^2, sum m*x)
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (threadIdx.x + k * threads < n_packs) {
+        read(stage, k, xp[k], gp[k], dsp[k]);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float v = to_f32(xp[k].v[j]);
+          const float m = to_f32(gp[k].v[j]) * wf[k][j];
+          sums[0] += v * v;
+          sums[1] += m * v;
+        }
+      }
+    }
+    block_sum_n<2>(sums, scratch);
+    // Every thread has finished the previous row, whose stage it read last (the reduction's block
+    // barriers): refill that stage. This row's stage is read again for dx below.
+    if (threadIdx.x == 0 && row > first) issue(row - 1 + stages, s == 0 ? stages - 1 : s - 1);
+    const BwdRow<T> p = bwd_row<T, kFused>(a, row);
+    const float2 scale = row_scales(make_float2(sums[0], sums[1]), a);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * threads;
+      if (i >= n_packs) continue;
+      read(stage, k, xp[k], gp[k], dsp[k]);  // again: no packs held across the reduction
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float v = to_f32(xp[k].v[j]), g = to_f32(gp[k].v[j]);
+        float dx = scale.x * g * wf[k][j] - scale.y * v;
+        if constexpr (kFused) dx += to_f32(dsp[k].v[j]);
+        out.v[j] = from_f32<T>(dx);
+        dw[k][j] += g * v * scale.x;
+      }
+      store_pack(p.dx + i * N, out);
+      if constexpr (kFused) store_pack(p.dr + i * N, out);
+    }
+    if (++s == stages) s = 0, parity ^= 1u;
+  }
+
+  store_dw_partial<T, K>(partial, a.hidden, dw);
+  grid_barrier(barrier, gridDim.x);
+  dw_from_partials(partial, a.hidden, slice, dw_out, dw_stride);
+}
+
+template <class T, int K, bool kFused>
+bool launch_k(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, int block) {
+  auto kernel = rms_norm_bwd_bulk_kernel<T, K, kFused>;
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  constexpr int kTensors = kFused ? 4 : 2;
+  const int64_t stage_bytes = kTensors * a.hidden * int64_t(sizeof(T));
+  // A block's share of the SM: half at K = 1 (two blocks of 512 threads at 64 registers), all of
+  // it at K = 2.
+  const int64_t want_blocks = K == 1 ? 2 : 1;
+  const int64_t share =
+      std::min(props.shared_per_sm / want_blocks - kStaticBytes, props.shared_per_block_optin - kStaticBytes);
+  const int stages = int(std::min<int64_t>(kMaxStages, share / stage_bytes));
+  if (stages < 2) return false;
+  const int64_t smem = stages * stage_bytes;
+  // The dynamic limit is raised once per instantiation to the most a call can ask for (`share`
+  // never exceeds it; kStaticBytes leaves room for the static arrays and their alignment); the
+  // blocks that fit on an SM are cached per (block size, stages).
+  static std::atomic<bool> limit_set{false};
+  if (!limit_set.load(std::memory_order_acquire)) {
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(props.shared_per_block_optin - kStaticBytes)));
+    limit_set.store(true, std::memory_order_release);
+  }
+  static std::atomic<int> per_sm[kBwdMaxThreads / 32 + 1][kMaxStages + 1];
+  int fit = per_sm[block / 32][stages].load(std::memory_order_relaxed);
+  if (fit == 0) {
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, block, size_t(smem)));
+    if (fit < 1) return false;
+    per_sm[block / 32][stages].store(fit, std::memory_order_relaxed);
+  }
+  const int64_t resident = int64_t(fit) * props.sm_count;
+  const OneLaunchGrid g = one_launch_grid(a.rows, a.hidden, resident, block);
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, g.blocks * a.hidden * int64_t(sizeof(float))));
+  unsigned* barrier = cuda_grid_barrier(ctx);
+  launch_cooperative(ctx,
+                     kFused ? "fused_add_rms_norm_backward_cuda_vec16 bulk-copy launch"
+                            : "rms_norm_backward_cuda_vec16 bulk-copy launch",
+                     kernel, g.blocks, block, size_t(smem), a, partial, g.rows_per_block, stages, barrier,
+                     dw.ptr<T>(), int64_t(dw.stride(0)));
+  return true;
+}
+
+}  // namespace
+
+template <class T, bool kFused>
+bool launch_bwd_bulk(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw) {
+  // f32 rms_norm_backward stays register-resident: at 16,384 x 4,096 on an H200 it reached 93-94%
+  // of copy there against 89-91% here (two packs a thread, one block an SM), in three calls.
+  if constexpr (std::is_same_v<T, float> && !kFused) {
+    return false;
+  } else {
+    static const bool off = env_off("OPFORGE_CUDA_NORM_BULK");
+    if (off || a.rows < kBulkMinRowsPerSm * int64_t(cuda_device_props(ctx.device.index).sm_count))
+      return false;
+    const RowShape shape = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
+    return shape.k == 1 ? launch_k<T, 1, kFused>(ctx, a, dw, shape.block)
+                        : launch_k<T, 2, kFused>(ctx, a, dw, shape.block);
+  }
+}
+
+#define OPFORGE_BWD_BULK(T)                                                                       \
+  template bool launch_bwd_bulk<T, false>(const Context&, const BwdArgs<T>&, const TensorView&); \
+  template bool launch_bwd_bulk<T, true>(const Context&, const BwdArgs<T>&, const TensorView&);
+OPFORGE_BWD_BULK(float)
+OPFORGE_BWD_BULK(__half)
+OPFORGE_BWD_BULK(__nv_bfloat16)
+#undef OPFORGE_BWD_BULK
+
+}  // namespace opforge::cuda::norm
