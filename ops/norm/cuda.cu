@@ -26,6 +26,7 @@
 #include <initializer_list>
 
 #include "ops/norm/cuda_common.cuh"
+#include "ops/norm/internal.h"
 
 namespace opforge {
 namespace cuda::norm {
@@ -379,11 +380,7 @@ void register_norm_cuda(Registry& reg) {
   // fixed-order sum of the partials) while the reference sums in f64. Over 16384 rows the f32
   // rounding reaches about 1e-5 absolute, the default f32 atol, so these kernels allow 1e-4.
   auto bwd_desc = [](const char* impl, int priority, const char* summary) {
-    KernelDesc d = cuda_kernel_desc(impl, priority, summary, false);
-    Tolerance f32 = default_tolerance(DType::f32);
-    f32.atol = 1e-4;
-    d.tolerances[DType::f32] = f32;
-    return d;
+    return with_f32_dw_tolerance(cuda_kernel_desc(impl, priority, summary, false));
   };
   const char* bwd_vec_summary =
       "16-byte packs in registers; few rows: one thread-block cluster over the columns (dw finished "

@@ -11,6 +11,7 @@
 // Context's stream (two for the scalar backward), no host synchronization, no allocation after the
 // first call of a shape.
 #include "backends/cuda/cuda_backend.h"
+#include "ops/norm/internal.h"
 #include "ops/norm/norm_cuda.h"
 
 namespace opforge {
@@ -133,11 +134,7 @@ void register_gemma_norm_cuda(Registry& reg) {
 
   // Note [f32 dw tolerance] (cuda.cu): the f32 dw sum over many rows allows 1e-4.
   auto bwd_desc = [](const char* impl, int priority, const char* summary) {
-    KernelDesc d = cuda_kernel_desc(impl, priority, summary, false);
-    Tolerance f32 = default_tolerance(DType::f32);
-    f32.atol = 1e-4;
-    d.tolerances[DType::f32] = f32;
-    return d;
+    return with_f32_dw_tolerance(cuda_kernel_desc(impl, priority, summary, false));
   };
   const char* bwd_vec = "rms_norm_backward's cuda_vec16 kernel with offset 1";
   const char* bwd_scalar = "rms_norm_backward's cuda kernel with offset 1";

@@ -177,7 +177,8 @@ void register_rms_norm_backward(Registry& reg) {
   op.cases = rms_norm_backward_cases;
   reg.add_kernel<RmsNormBackward>(reference_desc(false), &rms_norm_backward_reference);
   reg.add_kernel<RmsNormBackward>(
-      cpu_desc(false, "Highway SIMD + OpenMP; dw from f32 chunk partials in a fixed order"),
+      with_f32_dw_tolerance(
+          cpu_desc(false, "Highway SIMD + OpenMP; dw from f32 chunk partials in a fixed order")),
       &rms_norm_backward_cpu, &rms_norm_backward_cpu_applicable);
 }
 
@@ -216,7 +217,8 @@ void register_fused_add_rms_norm_backward(Registry& reg) {
   reg.add_kernel<FusedAddRmsNormBackward>(reference_desc(false),
                                           &fused_add_rms_norm_backward_reference);
   reg.add_kernel<FusedAddRmsNormBackward>(
-      cpu_desc(false, "Highway SIMD + OpenMP; s recomputed, dw from ordered chunk partials"),
+      with_f32_dw_tolerance(
+          cpu_desc(false, "Highway SIMD + OpenMP; s recomputed, dw from ordered chunk partials")),
       &fused_add_rms_norm_backward_cpu, &fused_add_rms_norm_backward_cpu_applicable);
 }
 

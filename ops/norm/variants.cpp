@@ -240,7 +240,7 @@ void register_gemma(Registry& reg) {
     op.cases = gemma_rms_norm_backward_cases;
     reg.add_kernel<GemmaRmsNormBackward>(reference_desc(false), &gemma_rms_norm_backward_reference);
     reg.add_kernel<GemmaRmsNormBackward>(
-        cpu_kernel_desc("rms_norm_backward's cpu kernel with offset 1"),
+        with_f32_dw_tolerance(cpu_kernel_desc("rms_norm_backward's cpu kernel with offset 1")),
         &gemma_rms_norm_backward_cpu, &gemma_rms_norm_backward_cpu_applicable);
   }
   {
@@ -271,7 +271,8 @@ void register_gemma(Registry& reg) {
     reg.add_kernel<GemmaFusedAddRmsNormBackward>(reference_desc(false),
                                                  &gemma_fused_add_rms_norm_backward_reference);
     reg.add_kernel<GemmaFusedAddRmsNormBackward>(
-        cpu_kernel_desc("fused_add_rms_norm_backward's cpu kernel with offset 1"),
+        with_f32_dw_tolerance(
+            cpu_kernel_desc("fused_add_rms_norm_backward's cpu kernel with offset 1")),
         &gemma_fused_add_rms_norm_backward_cpu, &gemma_fused_add_rms_norm_backward_cpu_applicable);
   }
 }
