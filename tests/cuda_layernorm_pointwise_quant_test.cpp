@@ -266,6 +266,41 @@ TEST(CudaEwKernels, LayerNormRowblockOutlierFirstElement) {
   EXPECT_LT(worst, 2e-5);
 }
 
+// Note [layer_norm backward in one reduction] (ops/layernorm/cuda_backward_bulk.cu): the many-row
+// backward shifts each row's sums by its first element and reduces again, centred, when that
+// element is far from the mean. 4,096 rows (the bulk-copy pipeline on an H100 / H200), f32, rows
+// with an outlier first element (second reduction) and plain rows, against the host reference.
+TEST(CudaEwKernels, LayerNormBackwardBulkOutlierFirstElement) {
+  REQUIRE_CUDA();
+  const auto k = cuda_kernel<LayerNormBackward>("cuda_vec16_async");
+  const auto ref = global_registry().op(LayerNormBackward::name).kernel("reference", DeviceKind::cpu);
+  ASSERT_TRUE(k.fn && ref);
+  const int64_t rows = 4096, hidden = 1024;
+  Mat x = mat(rows, hidden, DType::f32, 0, 0, 31), dy = mat(rows, hidden, DType::f32, 0, 0, 32);
+  Mat w = mat(-1, hidden, DType::f32, 0, 0, 33), dx = mat(rows, hidden, DType::f32);
+  Mat dw = mat(-1, hidden, DType::f32), db = mat(-1, hidden, DType::f32);
+  for (int64_t r = 0; r < rows; r += 2) store_from_double(x.buf.data(), DType::f32, r * hidden, 3000.0);
+  for (int64_t r = 1; r < rows; r += 4) store_from_double(x.buf.data(), DType::f32, r * hidden + 5, -2000.0);
+  ASSERT_EQ(k.ok(dx.host(), dw.host(), db.host(), dy.host(), x.host(), w.host(), 1e-5), nullptr);
+  Tensor gx = to_gpu(x), gdy = to_gpu(dy), gw = to_gpu(w), gdx = to_gpu(dx), gdw = to_gpu(dw), gdb = to_gpu(db);
+  k.fn(kGpuCtx, dx.view_of(gdx, kGpu), dw.view_of(gdw, kGpu), db.view_of(gdb, kGpu), dy.view_of(gdy, kGpu),
+       x.view_of(gx, kGpu), w.view_of(gw, kGpu), 1e-5);
+  const Tensor got_dx = to_host(gdx), got_dw = to_host(gdw), got_db = to_host(gdb);
+  auto* ref_fn = reinterpret_cast<OpTraits<LayerNormBackward>::Kernel*>(ref->fn);
+  ref_fn(kCpuCtx, dx.host(), dw.host(), db.host(), dy.host(), x.host(), w.host(), 1e-5);
+  auto worst = [](const Mat& want, const Tensor& have, int64_t n) {
+    double e = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = load_as_double(want.buf.data(), DType::f32, i), b = load_as_double(have.data(), DType::f32, i);
+      e = std::max(e, std::abs(b - a) / (1.0 + std::abs(a)));
+    }
+    return e;
+  };
+  EXPECT_LT(worst(dx, got_dx, rows * hidden), 1e-4);
+  EXPECT_LT(worst(dw, got_dw, hidden), 1e-3);  // sums over 4,096 rows in f32
+  EXPECT_LT(worst(db, got_db, hidden), 1e-3);
+}
+
 // ---- pointwise ops in place -----------------------------------------------------------------------
 // y = x (forward) and dx = dy (backward) give the bits of the out-of-place calls (padding included:
 // every buffer starts as a copy of x or dy, and the padding is never written).

@@ -125,34 +125,48 @@ TEST(CudaMembw, LayerNormRowblockMatchesVec16) {
       }
 }
 
+// From 4 rows an SM on (f32: 4 to 16) the bulk-copy pipeline of ops/layernorm/cuda_backward_bulk.cu
+// runs (on an H100 / H200: 3,000 rows, and 16,384 in 16-bit types), one and two packs a thread
+// (hidden 1,024 / 4,096 in 16-bit types, 4,096 in f32; 8,192 bf16); fewer rows, and f32 at 16,384,
+// take the ring (cp.async or bulk-filled), in rows just past one and two a resident block too.
 TEST(CudaMembw, LayerNormBackwardAsyncMatchesVec16AndRepeats) {
   REQUIRE_CUDA();
+  struct Shape2 {
+    DType t;
+    int64_t rows, cols;
+  };
+  std::vector<Shape2> shapes;
+  for (DType t : {DType::bf16, DType::f16, DType::f32})
+    for (int64_t rows : {int64_t(16384), int64_t(3000), int64_t(16), int64_t(0)}) shapes.push_back({t, rows, 4096});
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) shapes.push_back({t, 3000, 1024});
+  shapes.push_back({DType::bf16, 2500, 8192});
+  // Just past one and two rows a resident block (the ring's strided rows with `parts` below the grid).
   for (DType t : {DType::bf16, DType::f32})
-    for (int64_t rows : {int64_t(16384), int64_t(3000), int64_t(16), int64_t(0)}) {
-      const int64_t cols = 4096;
-      const Shape shape{rows, cols};
-      const Tensor x = device_random(shape, t, 4), dy = device_random(shape, t, 5);
-      const Tensor w = device_random(Shape{cols}, t, 6, true);
-      Tensor dx[3], dw[3], db[3];
-      for (int k = 0; k < 3; ++k) {
-        dx[k] = Tensor::zeros(shape, t, kGpu);
-        dw[k] = Tensor::zeros(Shape{cols}, t, kGpu);
-        db[k] = Tensor::zeros(Shape{cols}, t, kGpu);
-      }
-      ASSERT_EQ(layer_norm_backward_cuda_vec16_async_applicable(dx[0], dw[0], db[0], dy, x, w, 1e-5), nullptr);
-      layer_norm_backward_cuda_vec16_async(kGpuCtx, dx[0], dw[0], db[0], dy, x, w, 1e-5);
-      layer_norm_backward_cuda_vec16_async(kGpuCtx, dx[1], dw[1], db[1], dy, x, w, 1e-5);
-      layer_norm_backward_cuda_vec16(kGpuCtx, dx[2], dw[2], db[2], dy, x, w, 1e-5);
-      const std::string what = name_of("layer_norm_backward async", t, rows, cols);
-      EXPECT_TRUE(same_bits(dx[0], dx[1])) << what << " dx repeat";
-      EXPECT_TRUE(same_bits(dw[0], dw[1])) << what << " dw repeat";
-      EXPECT_TRUE(same_bits(db[0], db[1])) << what << " db repeat";
-      // dw and db sum up to 16384 rows in f32 in a different order than cuda_vec16.
-      const double sum_floor = t == DType::f32 ? 1e-3 : 0.0;
-      expect_close(dx[0], dx[2], what + " dx vs vec16", 0.0);
-      expect_close(dw[0], dw[2], what + " dw vs vec16", sum_floor);
-      expect_close(db[0], db[2], what + " db vs vec16", sum_floor);
+    for (int64_t rows : {int64_t(133), int64_t(265), int64_t(529)}) shapes.push_back({t, rows, 4096});
+  for (const auto& [t, rows, cols] : shapes) {
+    const Shape shape{rows, cols};
+    const Tensor x = device_random(shape, t, 4), dy = device_random(shape, t, 5);
+    const Tensor w = device_random(Shape{cols}, t, 6, true);
+    Tensor dx[3], dw[3], db[3];
+    for (int k = 0; k < 3; ++k) {
+      dx[k] = Tensor::zeros(shape, t, kGpu);
+      dw[k] = Tensor::zeros(Shape{cols}, t, kGpu);
+      db[k] = Tensor::zeros(Shape{cols}, t, kGpu);
     }
+    ASSERT_EQ(layer_norm_backward_cuda_vec16_async_applicable(dx[0], dw[0], db[0], dy, x, w, 1e-5), nullptr);
+    layer_norm_backward_cuda_vec16_async(kGpuCtx, dx[0], dw[0], db[0], dy, x, w, 1e-5);
+    layer_norm_backward_cuda_vec16_async(kGpuCtx, dx[1], dw[1], db[1], dy, x, w, 1e-5);
+    layer_norm_backward_cuda_vec16(kGpuCtx, dx[2], dw[2], db[2], dy, x, w, 1e-5);
+    const std::string what = name_of("layer_norm_backward async", t, rows, cols);
+    EXPECT_TRUE(same_bits(dx[0], dx[1])) << what << " dx repeat";
+    EXPECT_TRUE(same_bits(dw[0], dw[1])) << what << " dw repeat";
+    EXPECT_TRUE(same_bits(db[0], db[1])) << what << " db repeat";
+    // dw and db sum up to 16384 rows in f32 in a different order than cuda_vec16.
+    const double sum_floor = t == DType::f32 ? 1e-3 : 0.0;
+    expect_close(dx[0], dx[2], what + " dx vs vec16", 0.0);
+    expect_close(dw[0], dw[2], what + " dw vs vec16", sum_floor);
+    expect_close(db[0], db[2], what + " db vs vec16", sum_floor);
+  }
 }
 
 // fused_linear_cross_entropy forward and backward at 8,192 tokens x 4,096 -> 128,256 in bf16: the

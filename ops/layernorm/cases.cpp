@@ -6,7 +6,8 @@
 // is far from 0 (Note [centred sums] in cpu.cpp), the optional bias left out,
 // for the forward ops the in-place form (y over x); layer_norm adds 16 x 2048 (a one-warp row of
 // its CUDA kernel) and layer_norm_backward 1600 x 4096 (several rows per block of its CUDA
-// kernel) to the edge group.
+// kernel), 2400 x 2048 and 2400 x 1000 under a large mean (its CUDA bulk-copy pipeline) to the
+// edge group.
 // group_norm ([N, C, *], contiguous): small, medium, large (C = 512, 32 groups, 1024 / 4096
 // positions), edge cases (no batch, one element, no positions, one channel per group, odd sizes,
 // a 4-d input, in place).
@@ -174,6 +175,12 @@ std::vector<Case> layer_norm_backward_cases() {
   // More rows than a GPU holds blocks of the CUDA cuda_vec16_async kernel at once, so each block
   // runs several rows through its shared-memory row pipeline (test mode skips the large group).
   cases.push_back(row_case(spec, "1600x4096_rows_per_block", CaseGroup::edge, {1600, 4096}));
+  // Enough rows (16 an SM on an H100 / H200) for its bulk-copy pipeline (Note [layer_norm backward
+  // in one reduction]), whose statistics shift by each row's first element: plain rows, and rows
+  // with a mean far from 0.
+  cases.push_back(row_case(spec, "2400x2048_bulk_rows", CaseGroup::edge, {2400, 2048}));
+  cases.push_back(row_case(spec, "2400x1000_mean_100_bulk_rows", CaseGroup::edge, {2400, 1000},
+                           {0, 0, false, true}));
   return cases;
 }
 

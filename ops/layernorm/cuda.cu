@@ -3,7 +3,9 @@
 // Math (the ops' docs): mean and the centred, biased variance of each row in f32,
 // rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * w + b (b may be none). Backward with
 // xhat = (x - mean) * rstd and g = dy * w: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
-// dw = sum over rows of dy * xhat, db = sum over rows of dy. mean and rstd are recomputed from x.
+// dw = sum over rows of dy * xhat, db = sum over rows of dy. mean and rstd are recomputed from x;
+// the backward kernels centre about the f32 mean of a first reduction (Note [backward centring]
+// in cuda_backward.cuh).
 //
 // Technique.
 //  - cuda_vec16 (priority 200): Note [register-resident row] (ops/norm/cuda_common.cuh). A row is
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "ops/layernorm/cuda_backward.cuh"
 #include "ops/layernorm/layernorm_cuda.h"
 #include "ops/norm/cuda_common.cuh"
 
@@ -260,7 +263,7 @@ template <class T>
 __global__ void __launch_bounds__(256) layer_norm_bwd_rows_kernel(BwdArgs<T> a, float* partial,
                                                                   int64_t rows_per_block) {
   programmatic_prologue();  // Note [programmatic launch]
-  __shared__ float scratch[3 * 32];
+  __shared__ float scratch[4 * 32];
   float* dw_part = partial + int64_t(blockIdx.x) * 2 * a.hidden;
   float* db_part = dw_part + a.hidden;
   for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) dw_part[c] = db_part[c] = 0.0f;
@@ -272,21 +275,17 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_rows_kernel(BwdArgs<T> a, 
     const T* dy = a.dy + row * a.dy_stride;
     float sum = 0.0f;
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) sum += to_f32(x[c]);
-    const float mean = block_sum(sum, scratch) * inv_h;
-    float s[3] = {0.0f, 0.0f, 0.0f};  // sum d^2, sum g, sum g * d with d = x - mean, g = dy * w
-    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
-      const float d = to_f32(x[c]) - mean;
-      const float g = to_f32(dy[c]) * to_f32(a.w[c * a.w_stride]);
-      s[0] += d * d;
-      s[1] += g;
-      s[2] += g * d;
-    }
-    block_sum_n<3>(s, scratch);
-    const float rstd = rstd_of(s[0], a.hidden, a.eps);
-    const float mean_g = s[1] * inv_h, mean_gx = s[2] * rstd * inv_h;
+    const float mean0 = block_sum(sum, scratch) * inv_h;
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, d^2, g, g * d with d = x - mean0, g = dy * w
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x)
+      add_row_sums(s, to_f32(x[c]) - mean0, to_f32(dy[c]) * to_f32(a.w[c * a.w_stride]));
+    block_sum_n<4>(s, scratch);
+    const CentredRow st = centred_row(s, inv_h);  // Note [backward centring]
+    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float mean_g = s[2] * inv_h, mean_gx = st.gd * rstd * inv_h;
     T* dx = a.dx + row * a.dx_stride;
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
-      const float xhat = (to_f32(x[c]) - mean) * rstd;
+      const float xhat = ((to_f32(x[c]) - mean0) - st.shift) * rstd;
       const float gy = to_f32(dy[c]);
       const float g = gy * to_f32(a.w[c * a.w_stride]);
       dx[c] = from_f32<T>(rstd * (g - mean_g - xhat * mean_gx));
@@ -305,7 +304,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads) layer_norm_bwd_vec_kernel(BwdA
                                                                             int64_t rows_per_block) {
   programmatic_prologue();  // Note [programmatic launch]
   constexpr int N = Pack<T>::n;
-  __shared__ float scratch[3 * 32];
+  __shared__ float scratch[4 * 32];
   const int n_packs = int(a.hidden / N);
   const int threads = blockDim.x;
   const float inv_h = 1.0f / float(a.hidden);
@@ -335,24 +334,20 @@ __global__ void __launch_bounds__(kBwdMaxThreads) layer_norm_bwd_vec_kernel(BwdA
         for (int j = 0; j < N; ++j) sum += to_f32(xp[k].v[j]);
       }
     }
-    const float mean = block_sum(sum, scratch) * inv_h;
-    float s[3] = {0.0f, 0.0f, 0.0f};  // sum d^2, sum g, sum g * d
+    const float mean0 = block_sum(sum, scratch) * inv_h;
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, d^2, g, g * d with d = x - mean0, g = dy * w
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = threadIdx.x + k * threads;
       if (i < n_packs)
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float d = to_f32(xp[k].v[j]) - mean;
-          const float g = to_f32(gp[k].v[j]) * to_f32(wp[k].v[j]);
-          s[0] += d * d;
-          s[1] += g;
-          s[2] += g * d;
-        }
+        for (int j = 0; j < N; ++j)
+          add_row_sums(s, to_f32(xp[k].v[j]) - mean0, to_f32(gp[k].v[j]) * to_f32(wp[k].v[j]));
     }
-    block_sum_n<3>(s, scratch);
-    const float rstd = rstd_of(s[0], a.hidden, a.eps);
-    const float mean_g = s[1] * inv_h, mean_gx = s[2] * rstd * inv_h;
+    block_sum_n<4>(s, scratch);
+    const CentredRow st = centred_row(s, inv_h);  // Note [backward centring]
+    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float mean_g = s[2] * inv_h, mean_gx = st.gd * rstd * inv_h;
     T* dx = a.dx + row * a.dx_stride;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -361,7 +356,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads) layer_norm_bwd_vec_kernel(BwdA
         Pack<T> out;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float xhat = (to_f32(xp[k].v[j]) - mean) * rstd;
+          const float xhat = ((to_f32(xp[k].v[j]) - mean0) - st.shift) * rstd;
           const float gy = to_f32(gp[k].v[j]);
           out.v[j] = from_f32<T>(rstd * (gy * to_f32(wp[k].v[j]) - mean_g - xhat * mean_gx));
           dw[k][j] += gy * xhat;

@@ -50,6 +50,11 @@
 //    follows every thread's reads of it). Measured faster from 1,024 rows on (f32 16,384 x 4,096
 //    on an H200: 85% -> 91% of copy; bf16 59% -> 60%, where the row's two reductions and its
 //    arithmetic, not the loads in flight, bound the kernel).
+//  - From 4 rows an SM on the call goes instead to the bulk-copy pipeline with one reduction a row
+//    (Note [layer_norm backward in one reduction], cuda_backward_bulk.cu; bf16 16,384 x 4,096:
+//    162 -> 149 us), except f32 from 16 rows an SM on, which stays here (212 against 224 us).
+//  - Statistics about the f32 mean of the first reduction, Note [backward centring]
+//    (cuda_backward.cuh).
 //  - dw and db (Note [deterministic dw] in ops/norm/cuda_backward.cu): each thread sums its
 //    columns' dy * xhat and dy over the block's rows in f32 registers, the block writes one row
 //    of partials [G, 2 * hidden] to the per-stream workspace, a grid barrier (Note [grid barrier]),
@@ -71,8 +76,7 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "ops/layernorm/layernorm_cuda.h"
-#include "ops/norm/cuda_backward.cuh"
+#include "ops/layernorm/cuda_backward.cuh"
 
 namespace opforge {
 namespace cuda::layernorm_fast {
@@ -96,16 +100,6 @@ template <class T> struct FwdArgs {
   const T* w;
   const T* b;  // nullptr: no bias
   int64_t y_stride, x_stride;  // row strides in elements
-  int64_t rows, hidden;
-  float eps;
-};
-
-template <class T> struct BwdArgs {
-  T* dx;
-  const T* dy;
-  const T* x;
-  const T* w;
-  int64_t dx_stride, dy_stride, x_stride;
   int64_t rows, hidden;
   float eps;
 };
@@ -313,7 +307,7 @@ __host__ __device__ constexpr int64_t bwd_smem_bytes(int stages, int threads, in
 // not scale with the row.
 template <class T, int K, bool kBulk>
 __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
-    layer_norm_bwd_async_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block,
+    layer_norm_bwd_async_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
                                 int64_t parts, unsigned* barrier, T* dw_out, int64_t dw_stride, T* db_out,
                                 int64_t db_stride) {
   constexpr int N = Pack<T>::n;
@@ -341,8 +335,9 @@ __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
     for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.0f;
   }
 
-  const int64_t first = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t last = min(a.rows, first + rows_per_block);
+  // Note [row order] (ops/norm/cuda_backward.cuh): the first `parts` blocks own rows.
+  const norm::BlockRows rows = norm::block_rows(a.rows, rows_per_block, strided, parts);
+  const int64_t first = rows.begin, last = rows.end, step = rows.step;
   // Bulk: thread 0 copies the whole rows; the packs land where the threads' own copies would.
   const unsigned row_bytes = unsigned(a.hidden) * unsigned(sizeof(T));
   auto issue_bulk = [&](int64_t row, int s) {
@@ -365,23 +360,23 @@ __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
   if constexpr (kBulk) {
     if (t == 0) {
       for (int s = 0; s < S; ++s) bulk_barrier_init(&full[s]);
-      for (int s = 0; s < S; ++s) issue_bulk(first + s, s);
+      for (int s = 0; s < S; ++s) issue_bulk(first + s * step, s);
     }
     __syncthreads();  // the barriers are initialised before anyone waits on them
   } else {
 #pragma unroll
-    for (int s = 0; s < S - 1; ++s) issue(first + s, s);
+    for (int s = 0; s < S - 1; ++s) issue(first + s * step, s);
   }
 
   int stage = 0;
   unsigned parity = 0;
-  for (int64_t row = first; row < last; ++row) {  // block-uniform
+  for (int64_t row = first; row < last; row += step) {  // block-uniform
     if constexpr (kBulk) {
       bulk_wait(&full[stage], parity);
     } else {
       // Refill the stage that the previous row read: each thread refills only its own slots,
       // whose values it has already used.
-      issue(row + S - 1, stage == 0 ? S - 1 : stage - 1);
+      issue(row + (S - 1) * step, stage == 0 ? S - 1 : stage - 1);
       cp_async_wait<S - 1>();  // this row's group is complete
     }
     Pack<T> xp[K], gp[K];
@@ -397,7 +392,7 @@ __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
     team_sum<1>(sum, scratch_sum);
     if constexpr (kBulk) {  // every thread has read the stage (the reduction's barrier): refill it
       if (threads == 32) __syncwarp();  // a one-warp team_sum has no block barrier
-      if (t == 0) issue_bulk(row + S, stage);
+      if (t == 0) issue_bulk(row + S * step, stage);
     }
     const float mean0 = sum[0] * inv_h;
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, sum d^2, sum g, sum g * d; g = dy * w
@@ -405,29 +400,20 @@ __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
     for (int k = 0; k < K; ++k)
       if (active(k))
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float d = to_f32(xp[k].v[j]) - mean0;
-          const float g = to_f32(gp[k].v[j]) * to_f32(wp[k].v[j]);
-          s[0] += d;
-          s[1] += d * d;
-          s[2] += g;
-          s[3] += g * d;
-        }
+        for (int j = 0; j < N; ++j)
+          add_row_sums(s, to_f32(xp[k].v[j]) - mean0, to_f32(gp[k].v[j]) * to_f32(wp[k].v[j]));
     team_sum<4>(s, scratch_rest);
-    // Centred sums about the corrected mean (mean0 + shift): sum d'^2 = sum d^2 - sum d * shift,
-    // sum g * d' = sum g * d - shift * sum g.
-    const float shift = s[0] * inv_h;
-    const float mean = mean0 + shift;
-    const float rstd = rstd_of(fmaxf(s[1] - s[0] * shift, 0.0f), a.hidden, a.eps);
+    const CentredRow st = centred_row(s, inv_h);  // Note [backward centring] (cuda_backward.cuh)
+    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
     const float mean_g = s[2] * inv_h;
-    const float mean_gx = (s[3] - shift * s[2]) * rstd * inv_h;
+    const float mean_gx = st.gd * rstd * inv_h;
 #pragma unroll
     for (int k = 0; k < K; ++k)
       if (active(k)) {
         Pack<T> out;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float xhat = (to_f32(xp[k].v[j]) - mean) * rstd;
+          const float xhat = ((to_f32(xp[k].v[j]) - mean0) - st.shift) * rstd;
           const float gy = to_f32(gp[k].v[j]);
           out.v[j] = from_f32<T>(rstd * (gy * to_f32(wp[k].v[j]) - mean_g - xhat * mean_gx));
           dw[k][j] += gy * xhat;
@@ -507,7 +493,8 @@ void launch_backward_k(const Context& ctx, const BwdArgs<T>& a, const TensorView
       static_cast<float*>(cuda_workspace(ctx, parts * 2 * a.hidden * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
   launch_cooperative(ctx, "layer_norm_backward_cuda_vec16_async cooperative launch", kernel, blocks,
-                     threads, size_t(smem), a, partial, rows_per_block, parts, barrier, dw.ptr<T>(),
+                     threads, size_t(smem), a, partial, rows_per_block, norm::bulk_rows_strided(), parts,
+                     barrier, dw.ptr<T>(),
                      int64_t(dw.stride(0)), db.ptr<T>(), int64_t(db.stride(0)));
 }
 
@@ -527,6 +514,9 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   // Bulk copies fill the ring from a row per SM on (H200, bf16 4,096: 16,384 rows 165 -> 162 us,
   // 1,024 rows 22.4 -> 21.7, f32 16,384 rows 228 -> 212); at 16 rows the cp.async form stays
   // (6.07 against 6.20 us in f32). OPFORGE_CUDA_LN_BULK=0 keeps cp.async throughout.
+  // From 4 rows an SM on (f32: 4 to 16): the bulk-copy pipeline with one reduction a row (Note
+  // [layer_norm backward in one reduction], cuda_backward_bulk.cu).
+  if (launch_bwd_rows<T>(ctx, a, dw, db)) return;
   static const bool bulk_on = !env_off("OPFORGE_CUDA_LN_BULK");
   if (bulk_on && a.rows >= cuda_device_props(ctx.device.index).sm_count) {
     if (k == 2) launch_backward_k<T, 2, true>(ctx, a, dw, db);
@@ -642,8 +632,9 @@ void register_layernorm_cuda_fast(Registry& reg) {
   // f32 dw / db tolerance as the other layer_norm_backward CUDA kernels (cuda.cu).
   KernelDesc bwd = cuda_kernel_desc(
       "cuda_vec16_async", 300,
-      "x and dy streamed into shared memory by cp.async, 2 rows ahead; one cooperative launch "
-      "with per-block f32 dw/db partials reduced in fixed order after a grid barrier",
+      "x and dy streamed into a ring of shared-memory stages (cp.async, or bulk copies with "
+      "one reduction a row from 4 rows an SM); one cooperative launch with per-block f32 dw/db "
+      "partials reduced in fixed order after a grid barrier",
       false);
   bwd.tolerances[DType::f32] = Tolerance{1e-4, 1e-4, 1e-10};
   reg.add_kernel<LayerNormBackward>(std::move(bwd), &layer_norm_backward_cuda_vec16_async,

@@ -17,8 +17,8 @@
 //    16 bytes (hidden 8192 bf16, 4096 f32); x, dy (and residual, ds) read once per row
 //    (Note [rows in flight, backward]); the row sums (sum x^2, sum m*x) reduced together (Note [cuda reductions]); w held in registers for the whole chunk. One cooperative launch that also reduces dw (Note [one-launch dw]).
 //    Few rows (up to 32 at hidden 4,096 bf16) go to one thread-block cluster (Note [few-row
-//    backward cluster]); from 16 rows an SM on the rows stream through shared memory filled by
-//    bulk copies (Note [bulk-copy row pipeline], cuda_backward_bulk.cu).
+//    backward cluster]); from 16 rows an SM on (4 with the residual) the rows stream through
+//    shared memory filled by bulk copies (Note [bulk-copy row pipeline], cuda_backward_bulk.cu).
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
 //  is allocated only on the first call with a larger shape. The scalar kernel and the dw
@@ -181,8 +181,8 @@ __device__ __forceinline__ void store_dx_pack(const BwdRow<T>& p, int col, const
 // reducing the current one was also slower (65% / 79%).
 template <class T, int K, int R, bool kFused>
 __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
-    rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, unsigned* barrier,
-                            T* dw_out, int64_t dw_stride) {
+    rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
+                            unsigned* barrier, T* dw_out, int64_t dw_stride) {
   constexpr int N = Pack<T>::n;
   __shared__ float scratch[2 * R * 32];
   __shared__ float slice[kBwdMaxThreads];
@@ -197,15 +197,16 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
 #pragma unroll
     for (int j = 0; j < N; ++j) dw[k][j] = 0.0f;
   }
-  const int64_t first = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t last = min(a.rows, first + rows_per_block);
-  for (int64_t base = first; base < last; base += R) {  // block-uniform
+  // Note [row order] (cuda_backward.cuh); R rows at a time (tuning) take chunks.
+  const BlockRows rows = block_rows(a.rows, rows_per_block, strided && R == 1);
+  const int64_t last = rows.end;
+  for (int64_t base = rows.begin; base < last; base += R * rows.step) {  // block-uniform
     Pack<T> xp[R][K], gp[R][K];
     Pack<T> rp[kFused ? R : 1][K];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const bool live = base + r < last;
-      const BwdRow<T> p = bwd_row<T, kFused>(a, live ? base + r : first);
+      const BwdRow<T> p = bwd_row<T, kFused>(a, live ? base + r : rows.begin);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int i = threadIdx.x + k * threads;
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
       }
     }
   }
-  store_dw_partial<T, K>(partial, a.hidden, dw);
+  store_partial_row<T, K>(partial + int64_t(blockIdx.x) * a.hidden, a.hidden, dw);
   grid_barrier(barrier, gridDim.x);
   dw_from_partials(partial, a.hidden, slice, dw_out, dw_stride);
 }
@@ -438,7 +439,7 @@ void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   launch_cooperative(ctx,
                      kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
                             : "rms_norm_backward_cuda_vec16 cooperative launch",
-                     kernel, g.blocks, block, 0, a, partial, g.rows_per_block, barrier, dw.ptr<T>(),
+                     kernel, g.blocks, block, 0, a, partial, g.rows_per_block, bulk_rows_strided(), barrier, dw.ptr<T>(),
                      int64_t(dw.stride(0)));
 }
 

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
 
 #include "ops/norm/cuda_common.cuh"
 
@@ -94,11 +97,10 @@ inline OneLaunchGrid one_launch_grid(int64_t rows, int64_t hidden, int64_t resid
   return g;
 }
 
-// A block's dw accumulators (K packs a thread) as row blockIdx.x of partials [G, hidden].
+// A block's accumulators (K packs a thread, `hidden` columns) as one row of partials, at `dst`.
 template <class T, int K>
-__device__ __forceinline__ void store_dw_partial(float* partial, int64_t hidden, const float (&dw)[K][Pack<T>::n]) {
+__device__ __forceinline__ void store_partial_row(float* dst, int64_t hidden, const float (&acc)[K][Pack<T>::n]) {
   constexpr int N = Pack<T>::n;
-  float* dw_part = partial + int64_t(blockIdx.x) * hidden;
   const int n_packs = int(hidden / N);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -106,9 +108,103 @@ __device__ __forceinline__ void store_dw_partial(float* partial, int64_t hidden,
     if (i < n_packs)
 #pragma unroll
       for (int j = 0; j < N; j += 4)
-        *reinterpret_cast<float4*>(dw_part + i * N + j) =
-            make_float4(dw[k][j], dw[k][j + 1], dw[k][j + 2], dw[k][j + 3]);
+        *reinterpret_cast<float4*>(dst + i * N + j) =
+            make_float4(acc[k][j], acc[k][j + 1], acc[k][j + 2], acc[k][j + 3]);
   }
+}
+
+// ---- bulk-copy row pipelines (Note [bulk-copy row pipeline], cuda_backward_bulk.cu) -----------------
+inline constexpr int kBulkMaxStages = 4;
+// Static shared memory of a pipeline kernel (barriers, reduction scratch for up to 4 values, the
+// partials' slice) plus the 1 KB the runtime reserves per block, left out of a block's share.
+inline constexpr int64_t kBulkStaticBytes = kBulkMaxStages * 8 + 4 * 32 * 4 + kBwdMaxThreads * 4 + 1024;
+
+// Note [row order]: the rows a block of a pipeline takes, `begin`, `begin + step`, ... below `end`.
+// Strided (block b: b, b + G, b + 2G, ...) keeps the rows that all blocks read at one time within a
+// window of about G rows, as a grid-stride copy does; chunked (block b: [b * C, (b + 1) * C))
+// spreads them over the whole tensor. OPFORGE_CUDA_BULK_ROWS=chunked takes the chunks (tuning).
+struct BlockRows {
+  int64_t begin, end, step;
+};
+// `owners` blocks take rows (the first ones of the grid; all of it unless said otherwise).
+__device__ __forceinline__ BlockRows block_rows(int64_t rows, int64_t rows_per_block, bool strided,
+                                                int64_t owners = -1) {
+  if (owners < 0) owners = gridDim.x;
+  if (blockIdx.x >= owners) return {rows, rows, 1};
+  if (strided) return {int64_t(blockIdx.x), rows, owners};
+  const int64_t b = int64_t(blockIdx.x) * rows_per_block;
+  return {b, min(rows, b + rows_per_block), 1};
+}
+inline bool bulk_rows_strided() {
+  static const bool chunked = [] {
+    const char* e = std::getenv("OPFORGE_CUDA_BULK_ROWS");
+    return e && std::string_view(e) == "chunked";
+  }();
+  return !chunked;
+}
+
+// Thread 0 of a pipeline kernel: the bulk copies of one row of each of the M tensors `src` into
+// the stage at `dst` (tensor m at m * row_bytes), completing on the stage's barrier.
+template <class T, int M>
+__device__ __forceinline__ void fill_stage(unsigned char* dst, uint64_t* bar, uint32_t row_bytes,
+                                           const T* const (&src)[M]) {
+  bulk_expect(bar, M * row_bytes);
+#pragma unroll
+  for (int m = 0; m < M; ++m) bulk_copy(dst + m * row_bytes, src[m], row_bytes, bar);
+}
+
+// Thread 0 of a pipeline kernel: the stages' barriers, then the block's first rows into them
+// (issue(row, stage) copies one row; it skips rows past the block's). The caller's block barrier
+// follows before anyone waits.
+template <class Issue>
+__device__ __forceinline__ void start_ring(uint64_t* full, int stages, const BlockRows& rows, Issue issue) {
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < stages; ++s) bulk_barrier_init(&full[s]);
+  for (int s = 0; s < stages; ++s) issue(rows.begin + s * rows.step, s);
+}
+
+// A pipeline kernel's launch: stages in a block's ring, its dynamic shared memory and the blocks
+// resident on the device. Each kernel keeps one BulkCache (static): the dynamic shared-memory
+// limit is raised once to the most a block can ask for, and the blocks that fit on an SM are
+// cached per (block size, stages).
+struct BulkPlan {
+  int stages = 0;
+  int64_t smem = 0, resident = 0;
+};
+struct BulkCache {
+  std::atomic<bool> limit_set{false};
+  std::atomic<int> per_sm[kBwdMaxThreads / 32 + 1][kBulkMaxStages + 1]{};
+};
+// `want_blocks` blocks of `block` threads share an SM's shared memory; a stage holds
+// `stage_bytes`. False when fewer than two stages fit or no block does.
+template <class Kernel>
+bool plan_bulk(Kernel kernel, BulkCache& cache, const CudaDeviceProps& props, int64_t stage_bytes,
+               int want_blocks, int block, BulkPlan& plan) {
+  const int64_t most = props.shared_per_block_optin - kBulkStaticBytes;
+  const int64_t share = std::min(props.shared_per_sm / want_blocks - kBulkStaticBytes, most);
+  plan.stages = int(std::min<int64_t>(kBulkMaxStages, share / stage_bytes));
+  if (plan.stages < 2) return false;
+  plan.smem = plan.stages * stage_bytes;
+  if (!cache.limit_set.load(std::memory_order_acquire)) {
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+    cache.limit_set.store(true, std::memory_order_release);
+  }
+  std::atomic<int>& slot = cache.per_sm[block / 32][plan.stages];
+  int fit = slot.load(std::memory_order_relaxed);
+  if (fit == 0) {
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, block, size_t(plan.smem)));
+    if (fit < 1) return false;
+    slot.store(fit, std::memory_order_relaxed);
+  }
+  plan.resident = int64_t(fit) * props.sm_count;
+  return true;
+}
+
+// Rows per SM from which the pipelines are taken (below, a block has too few rows to fill its
+// ring). OPFORGE_CUDA_BULK_MIN_ROWS_PER_SM (1..64, a power of two) overrides it (tuning).
+inline int64_t bulk_min_rows_per_sm(int64_t fallback) {
+  static const int forced = env_choice("OPFORGE_CUDA_BULK_MIN_ROWS_PER_SM", 1, 64);
+  return forced ? forced : fallback;
 }
 
 // Note [bulk-copy row pipeline] (cuda_backward_bulk.cu): runs the many-row vec16 backward through

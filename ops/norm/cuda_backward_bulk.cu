@@ -16,16 +16,22 @@
 //  - The packs are read again from shared memory for dx rather than held across the reduction,
 //    which leaves the registers for w + offset in f32 (one conversion and add an element fewer in
 //    each of the row's two passes). K packs a thread, 512 threads x 1 or 2 (hidden up to 8,192
-//    bf16, 4,096 f32); dw accumulates in f32 registers over the block's row chunk; one
+//    bf16, 4,096 f32); dw accumulates in f32 registers over the block's rows; one
 //    cooperative launch whose blocks write dw partials [G, hidden], meet at a grid barrier and
 //    sum them in a fixed order (Note [one-launch dw], Note [deterministic dw]): the same bits for
 //    a given shape and device, no float atomics.
-//  - Taken from 16 rows an SM on (below, each block has too few rows to fill its ring: 1,024 rows
-//    ran at 14.6 us against 14.0 for the register-resident kernel) and not for f32 without the
-//    residual (measured slower, launch_bwd_bulk). H200, 16,384 x 4,096, % of copy, this pipeline
-//    against the register-resident kernel in the same call: rms_norm_backward bf16 83.7% / 69%,
-//    f16 83.9% / 71%; fused_add_rms_norm_backward bf16 86% / 85%, f16 87% / 86.5%, f32 95% / 82%
-//    (docs/perf/gpu-h200-2026-11-28-round18.md). 256 threads x 2 packs was slower (77%).
+//  - Taken from 16 rows an SM on, 4 with the residual (below, a block has too few rows to fill
+//    its ring: rms_norm_backward at 1,024 rows ran at 14.5 us against 14.0 for the
+//    register-resident kernel, while fused_add_rms_norm_backward f32 gained, 37.3 -> 31.3 us),
+//    and not for f32 without the residual (measured slower, launch_bwd_bulk). H200, 16,384 x
+//    4,096, % of copy, this pipeline against the register-resident kernel in the same call:
+//    rms_norm_backward bf16 83.7% / 69%, f16 83.9% / 71%; fused_add_rms_norm_backward bf16 86% /
+//    85%, f16 87% / 86.5%, f32 95% / 82% (docs/perf/gpu-h200-2026-11-28-round18.md; rows in
+//    chunks). 256 threads x 2 packs was slower (77%).
+//  - Rows in the strided order of Note [row order] (cuda_backward.cuh): block b takes b, b + G,
+//    ..., so the blocks read neighbouring rows at any one time. Against chunks of rows in one
+//    call: rms_norm_backward bf16 114.2 -> 110.1 us (84.0% -> 87.0-87.4% of copy),
+//    fused_add_rms_norm_backward bf16 222.4 -> 219.1 (docs/perf/gpu-h200-2026-11-28-round19.md).
 //  - Assumes what the vec16 predicate checks: every row 16-byte aligned (base and stride) and
 //    hidden a multiple of the 16-byte pack, so a row is a whole number of 16-byte units, as a bulk
 //    copy needs. With less than two stages' room the caller runs the register-resident kernel.
@@ -41,13 +47,12 @@
 namespace opforge::cuda::norm {
 namespace {
 
-constexpr int kMaxStages = 4;
-// Rows per SM from which the pipeline is taken. H200, 4,096 bf16: 1,024 rows (8 an SM, about 4 a
-// block) 14.6 us against 14.0 for the register-resident kernel; 16,384 rows 115.5 against 140.7.
+// Rows per SM from which the pipeline is taken: 16 for rms_norm_backward, 4 with the residual.
+// H200, hidden 4,096, 1,024 rows (7.75 an SM), pipeline against the register-resident kernel in
+// one call (docs/perf/gpu-h200-2026-11-28-round19.md): rms_norm_backward bf16 14.45 / 13.97 us;
+// fused_add_rms_norm_backward f32 31.3 / 37.3, bf16 20.2 / 20.6.
 constexpr int64_t kBulkMinRowsPerSm = 16;
-// Static shared memory of the kernel (barriers, reduction scratch, dw slice) plus the 1 KB the
-// runtime reserves per block, left out of a block's share of the SM.
-constexpr int64_t kStaticBytes = kMaxStages * 8 + 2 * 32 * 4 + kBwdMaxThreads * 4 + 1024;
+constexpr int64_t kBulkMinRowsPerSmFused = 4;
 
 template <class T>
 __device__ __forceinline__ Pack<T> stage_pack(const unsigned char* stage, uint32_t offset) {
@@ -56,37 +61,34 @@ __device__ __forceinline__ Pack<T> stage_pack(const unsigned char* stage, uint32
 
 template <class T, int K, bool kFused>
 __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
-    rms_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, int stages,
-                             unsigned* barrier, T* dw_out, int64_t dw_stride) {
+    rms_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
+                             int stages, unsigned* barrier, T* dw_out, int64_t dw_stride) {
   constexpr int N = Pack<T>::n;
   constexpr int kTensors = kFused ? 4 : 2;  // x, dy (, residual, ds) of a row
   extern __shared__ __align__(128) unsigned char ring[];
-  __shared__ uint64_t full[kMaxStages];
+  __shared__ uint64_t full[kBulkMaxStages];
   __shared__ float scratch[2 * 32];
   __shared__ float slice[kBwdMaxThreads];
   const int n_packs = int(a.hidden / N);
   const int threads = blockDim.x;
   const uint32_t row_bytes = uint32_t(a.hidden) * uint32_t(sizeof(T));
   const uint32_t stage_bytes = kTensors * row_bytes;
-  const int64_t first = int64_t(blockIdx.x) * rows_per_block;
-  const int64_t last = min(a.rows, first + rows_per_block);
+  const BlockRows rows = block_rows(a.rows, rows_per_block, strided);  // Note [row order]
 
-  // Thread 0: the bulk copies of `row` into stage s (none past the chunk).
+  // Thread 0: the bulk copies of `row` into stage s (none past the block's rows).
   auto issue = [&](int64_t row, int s) {
-    if (row >= last) return;
+    if (row >= rows.end) return;
     unsigned char* dst = ring + size_t(s) * stage_bytes;
-    bulk_expect(&full[s], stage_bytes);
-    bulk_copy(dst, a.x + row * a.x_stride, row_bytes, &full[s]);
-    bulk_copy(dst + row_bytes, a.dy + row * a.dy_stride, row_bytes, &full[s]);
     if constexpr (kFused) {
-      bulk_copy(dst + 2 * row_bytes, a.r + row * a.r_stride, row_bytes, &full[s]);
-      bulk_copy(dst + 3 * row_bytes, a.ds + row * a.ds_stride, row_bytes, &full[s]);
+      const T* const src[4] = {a.x + row * a.x_stride, a.dy + row * a.dy_stride, a.r + row * a.r_stride,
+                               a.ds + row * a.ds_stride};
+      fill_stage(dst, &full[s], row_bytes, src);
+    } else {
+      const T* const src[2] = {a.x + row * a.x_stride, a.dy + row * a.dy_stride};
+      fill_stage(dst, &full[s], row_bytes, src);
     }
   };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) bulk_barrier_init(&full[s]);
-    for (int s = 0; s < stages; ++s) issue(first + s, s);
-  }
+  start_ring(full, stages, rows, issue);
 
   // w + offset in f32 for the whole chunk (the registers the packs of x and dy do not hold).
   float wf[K][N];
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
 
   int s = 0;
   unsigned parity = 0;
-  for (int64_t row = first; row < last; ++row) {  // block-uniform
+  for (int64_t row = rows.begin; row < rows.end; row += rows.step) {  // block-uniform
     bulk_wait(&full[s], parity);
     const unsigned char* stage = ring + size_t(s) * stage_bytes;
     Pack<T> xp[K], gp[K], dsp[K];
@@ -138,7 +140,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     block_sum_n<2>(sums, scratch);
     // Every thread has finished the previous row, whose stage it read last (the reduction's block
     // barriers): refill that stage. This row's stage is read again for dx below.
-    if (threadIdx.x == 0 && row > first) issue(row - 1 + stages, s == 0 ? stages - 1 : s - 1);
+    if (threadIdx.x == 0 && row != rows.begin)
+      issue(row + (stages - 1) * rows.step, s == 0 ? stages - 1 : s - 1);
     const BwdRow<T> p = bwd_row<T, kFused>(a, row);
     const float2 scale = row_scales(make_float2(sums[0], sums[1]), a);
 #pragma unroll
@@ -161,7 +164,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     if (++s == stages) s = 0, parity ^= 1u;
   }
 
-  store_dw_partial<T, K>(partial, a.hidden, dw);
+  store_partial_row<T, K>(partial + int64_t(blockIdx.x) * a.hidden, a.hidden, dw);
   grid_barrier(barrier, gridDim.x);
   dw_from_partials(partial, a.hidden, slice, dw_out, dw_stride);
 }
@@ -171,40 +174,20 @@ bool launch_k(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, int
   auto kernel = rms_norm_bwd_bulk_kernel<T, K, kFused>;
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
   constexpr int kTensors = kFused ? 4 : 2;
-  const int64_t stage_bytes = kTensors * a.hidden * int64_t(sizeof(T));
   // A block's share of the SM: half at K = 1 (two blocks of 512 threads at 64 registers), all of
   // it at K = 2.
-  const int64_t want_blocks = K == 1 ? 2 : 1;
-  const int64_t share =
-      std::min(props.shared_per_sm / want_blocks - kStaticBytes, props.shared_per_block_optin - kStaticBytes);
-  const int stages = int(std::min<int64_t>(kMaxStages, share / stage_bytes));
-  if (stages < 2) return false;
-  const int64_t smem = stages * stage_bytes;
-  // The dynamic limit is raised once per instantiation to the most a call can ask for (`share`
-  // never exceeds it; kStaticBytes leaves room for the static arrays and their alignment); the
-  // blocks that fit on an SM are cached per (block size, stages).
-  static std::atomic<bool> limit_set{false};
-  if (!limit_set.load(std::memory_order_acquire)) {
-    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(props.shared_per_block_optin - kStaticBytes)));
-    limit_set.store(true, std::memory_order_release);
-  }
-  static std::atomic<int> per_sm[kBwdMaxThreads / 32 + 1][kMaxStages + 1];
-  int fit = per_sm[block / 32][stages].load(std::memory_order_relaxed);
-  if (fit == 0) {
-    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, block, size_t(smem)));
-    if (fit < 1) return false;
-    per_sm[block / 32][stages].store(fit, std::memory_order_relaxed);
-  }
-  const int64_t resident = int64_t(fit) * props.sm_count;
-  const OneLaunchGrid g = one_launch_grid(a.rows, a.hidden, resident, block);
+  static BulkCache cache;
+  BulkPlan plan;
+  if (!plan_bulk(kernel, cache, props, kTensors * a.hidden * int64_t(sizeof(T)), K == 1 ? 2 : 1, block, plan))
+    return false;
+  const OneLaunchGrid g = one_launch_grid(a.rows, a.hidden, plan.resident, block);
   auto* partial = static_cast<float*>(cuda_workspace(ctx, g.blocks * a.hidden * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
   launch_cooperative(ctx,
                      kFused ? "fused_add_rms_norm_backward_cuda_vec16 bulk-copy launch"
                             : "rms_norm_backward_cuda_vec16 bulk-copy launch",
-                     kernel, g.blocks, block, size_t(smem), a, partial, g.rows_per_block, stages, barrier,
-                     dw.ptr<T>(), int64_t(dw.stride(0)));
+                     kernel, g.blocks, block, size_t(plan.smem), a, partial, g.rows_per_block,
+                     bulk_rows_strided(), plan.stages, barrier, dw.ptr<T>(), int64_t(dw.stride(0)));
   return true;
 }
 
@@ -218,7 +201,8 @@ bool launch_bwd_bulk(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
     return false;
   } else {
     static const bool off = env_off("OPFORGE_CUDA_NORM_BULK");
-    if (off || a.rows < kBulkMinRowsPerSm * int64_t(cuda_device_props(ctx.device.index).sm_count))
+    const int64_t min_rows = bulk_min_rows_per_sm(kFused ? kBulkMinRowsPerSmFused : kBulkMinRowsPerSm);
+    if (off || a.rows < min_rows * int64_t(cuda_device_props(ctx.device.index).sm_count))
       return false;
     const RowShape shape = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
     return shape.k == 1 ? launch_k<T, 1, kFused>(ctx, a, dw, shape.block)

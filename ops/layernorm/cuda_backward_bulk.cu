@@ -1,0 +1,217 @@
+// layer_norm_backward's many-row CUDA kernel: rows streamed through shared memory by bulk copies,
+// one block reduction a row.
+//
+// Note [layer_norm backward in one reduction]: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+// with g = dy * w and xhat = (x - mean) * rstd needs, per row, the mean, the centred sum of squares
+// M2 and the sums of g and of g * (x - mean). With d = x - x[0] (x[0] read from the row's stage by
+// every thread) the four sums of d, d^2, g and g * d in one block reduction give them all:
+// mean = x[0] + sum d / n, M2 = sum d^2 - (sum d)^2 / n, sum g (x - mean) = sum g d - (sum d / n)
+// sum g. The cancellation is that of Note [shifted sums] (cuda_fast.cu), and so is the test: while
+// n (mean - x[0])^2 <= 8 M2 (decided on the reduced sums, block-uniform) the result is as
+// accurate as the centred form; otherwise (an outlier first element) a second reduction of the
+// sums of d' = x - mean, d'^2 and g d' over the stage, which is still in shared memory, corrects
+// them. The ring kernel of cuda_fast.cu reduces every row twice (the mean, then the centred sums).
+//
+// The pipeline is Note [bulk-copy row pipeline] (ops/norm/cuda_backward_bulk.cu): a block keeps a
+// ring of up to 4 stages, each one row of x and of dy filled by two 1-D bulk copies completing on
+// the stage's mbarrier; thread 0 refills the previous row's stage after the row's reduction (whose
+// block barriers follow every thread's reads of it); the packs are read from shared memory for
+// the sums and again for dx, so the registers hold w in f32 and the f32 dw and db accumulators.
+// 512 threads x 1 pack (two blocks an SM at 64 registers) or x 2 packs (hidden up to 8,192 in
+// 16-bit types, 4,096 in f32). Rows in the order of Note [row order]. dw and db: each block writes
+// one row of partials [G, 2 * hidden] (dw then db), a grid barrier, then the fixed-order column sums
+// of Note [one-launch dw] (ops/norm/cuda_backward.cu): the bits depend only on the inputs and the
+// device, no float atomics.
+//
+// Assumes what the cuda_vec16_async predicate checks: every row 16-byte aligned (base and stride),
+// hidden a multiple of the 16-byte pack (a row is a whole number of 16-byte units, as a bulk copy
+// needs), w contiguous and aligned. f32 arithmetic, int64 row offsets, launched on ctx.stream, no
+// host synchronization. OPFORGE_CUDA_LN_ROWS_BULK=0 leaves every call to the ring kernel (tuning).
+#include <type_traits>
+
+#include "ops/layernorm/cuda_backward.cuh"
+
+namespace opforge::cuda::layernorm_fast {
+namespace {
+
+using norm::block_rows;
+using norm::BlockRows;
+using norm::BulkCache;
+using norm::BulkPlan;
+using norm::kBulkMaxStages;
+using norm::kBwdMaxThreads;
+using norm::plan_bulk;
+
+// Rows per SM from which this kernel is taken, and from which f32 goes back to the ring kernel.
+// H200, hidden 4,096, this kernel against the ring in one call (docs/perf/gpu-h200-2026-11-28-round19.md):
+// 1,024 rows (7.75 an SM) bf16 20.6 / 21.7 us, f32 20.8 / 22.7; 16,384 rows bf16 149.2 / 162.0,
+// f16 140.6 / 156.6, but f32 224.2 / 211.6 (the ring holds two packs a thread in registers).
+constexpr int64_t kMinRowsPerSm = 4;
+constexpr int64_t kF32RingRowsPerSm = 16;
+
+template <class T>
+__device__ __forceinline__ Pack<T> stage_pack(const unsigned char* stage, uint32_t offset) {
+  return *reinterpret_cast<const Pack<T>*>(stage + offset);
+}
+
+__device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
+  return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
+}
+
+template <class T, int K>
+__global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
+    layer_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
+                               int stages, unsigned* barrier, T* dw_out, int64_t dw_stride, T* db_out,
+                               int64_t db_stride) {
+  constexpr int N = Pack<T>::n;
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ uint64_t full[kBulkMaxStages];
+  __shared__ float scratch[4 * 32];
+  __shared__ float slice[kBwdMaxThreads];
+  const int n_packs = int(a.hidden / N);
+  const int threads = blockDim.x;
+  const uint32_t row_bytes = uint32_t(a.hidden) * uint32_t(sizeof(T));
+  const uint32_t stage_bytes = 2 * row_bytes;  // x, then dy
+  const float inv_h = 1.0f / float(a.hidden);
+  const BlockRows rows = block_rows(a.rows, rows_per_block, strided);  // Note [row order]
+
+  // Thread 0: the bulk copies of `row` into stage s (none past the block's rows).
+  auto issue = [&](int64_t row, int s) {
+    if (row >= rows.end) return;
+    const T* const src[2] = {a.x + row * a.x_stride, a.dy + row * a.dy_stride};
+    norm::fill_stage(ring + size_t(s) * stage_bytes, &full[s], row_bytes, src);
+  };
+  norm::start_ring(full, stages, rows, issue);
+
+  float wf[K][N], dw[K][N], db[K][N];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * threads;
+    if (i < n_packs) {
+      const Pack<T> wp = load_pack_readonly(a.w + i * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) wf[k][j] = to_f32(wp.v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.0f;
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  int s = 0;
+  unsigned parity = 0;
+  for (int64_t row = rows.begin; row < rows.end; row += rows.step) {  // block-uniform
+    bulk_wait(&full[s], parity);
+    const unsigned char* stage = ring + size_t(s) * stage_bytes;
+    const float x0 = to_f32(*reinterpret_cast<const T*>(stage));
+    // f(d, g) over this thread's elements of the row, d = x - c and g = dy * w.
+    auto each = [&](float c, auto&& f) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (i < n_packs) {
+          const Pack<T> xp = stage_pack<T>(stage, uint32_t(i) * 16u);
+          const Pack<T> gp = stage_pack<T>(stage, row_bytes + uint32_t(i) * 16u);
+#pragma unroll
+          for (int j = 0; j < N; ++j) f(to_f32(xp.v[j]) - c, to_f32(gp.v[j]) * wf[k][j]);
+        }
+      }
+    };
+    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, sum d^2, sum g, sum g d; d = x - x[0]
+    each(x0, [&](float d, float g) { add_row_sums(sums, d, g); });
+    block_sum_n<4>(sums, scratch);
+    // Every thread has finished the previous row, whose stage it read last (the reduction's block
+    // barriers): refill that stage.
+    if (threadIdx.x == 0 && row != rows.begin)
+      issue(row + (stages - 1) * rows.step, s == 0 ? stages - 1 : s - 1);
+    // Note [backward centring]: about c = x[0], or, for an outlier x[0], about the f32 mean.
+    float c = x0;
+    CentredRow st = centred_row(sums, inv_h);
+    if (!(sums[0] * st.shift <= 8.0f * st.m2)) {  // block-uniform; an outlier x[0] (or a NaN)
+      c = x0 + st.shift;
+      float part[3] = {0.0f, 0.0f, 0.0f};  // sum d, d^2, g d with d = x - c
+      each(c, [&](float d, float g) {
+        part[0] += d;
+        part[1] += d * d;
+        part[2] += g * d;
+      });
+      block_sum_n<3>(part, scratch);  // block_sum_n ends on a barrier: the scratch is free again
+      const float cs[4] = {part[0], part[1], sums[2], part[2]};  // sum g does not depend on c
+      st = centred_row(cs, inv_h);
+    }
+    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float mean_g = sums[2] * inv_h;
+    const float mean_gx = st.gd * rstd * inv_h;
+    T* dx = a.dx + row * a.dx_stride;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * threads;
+      if (i >= n_packs) continue;
+      const Pack<T> xp = stage_pack<T>(stage, uint32_t(i) * 16u);  // again: no packs held across
+      const Pack<T> gp = stage_pack<T>(stage, row_bytes + uint32_t(i) * 16u);  // the reduction
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float xhat = ((to_f32(xp.v[j]) - c) - st.shift) * rstd;
+        const float gy = to_f32(gp.v[j]);
+        out.v[j] = from_f32<T>(rstd * (gy * wf[k][j] - mean_g - xhat * mean_gx));
+        dw[k][j] += gy * xhat;
+        db[k][j] += gy;
+      }
+      store_pack(dx + i * N, out);
+    }
+    if (++s == stages) s = 0, parity ^= 1u;
+  }
+
+  float* part = partial + int64_t(blockIdx.x) * 2 * a.hidden;
+  norm::store_partial_row<T, K>(part, a.hidden, dw);
+  norm::store_partial_row<T, K>(part + a.hidden, a.hidden, db);
+  grid_barrier(barrier, gridDim.x);
+  // dw and db together: the 2 * hidden columns of the G partial rows.
+  norm::reduce_partials(partial, gridDim.x, 2 * a.hidden, slice, [&](int64_t col, float total) {
+    if (col < a.hidden) dw_out[col * dw_stride] = from_f32<T>(total);
+    else db_out[(col - a.hidden) * db_stride] = from_f32<T>(total);
+  });
+}
+
+template <class T, int K>
+bool launch_k(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, const TensorView& db,
+              int block) {
+  auto kernel = layer_norm_bwd_bulk_kernel<T, K>;
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  // Two blocks an SM at one pack a thread (64 registers), one at two.
+  static BulkCache cache;
+  BulkPlan plan;
+  if (!plan_bulk(kernel, cache, props, 2 * a.hidden * int64_t(sizeof(T)), K == 1 ? 2 : 1, block, plan))
+    return false;
+  const norm::OneLaunchGrid g = norm::one_launch_grid(a.rows, 2 * a.hidden, plan.resident, block);
+  auto* partial =
+      static_cast<float*>(cuda_workspace(ctx, g.blocks * 2 * a.hidden * int64_t(sizeof(float))));
+  unsigned* barrier = cuda_grid_barrier(ctx);
+  launch_cooperative(ctx, "layer_norm_backward_cuda_vec16_async bulk-copy launch", kernel, g.blocks, block,
+                     size_t(plan.smem), a, partial, g.rows_per_block, norm::bulk_rows_strided(),
+                     plan.stages, barrier, dw.ptr<T>(), int64_t(dw.stride(0)), db.ptr<T>(),
+                     int64_t(db.stride(0)));
+  return true;
+}
+
+}  // namespace
+
+template <class T>
+bool launch_bwd_rows(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, const TensorView& db) {
+  static const bool off = env_off("OPFORGE_CUDA_LN_ROWS_BULK");
+  const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
+  if (off || a.rows < norm::bulk_min_rows_per_sm(kMinRowsPerSm) * sms) return false;
+  if (std::is_same_v<T, float> && a.rows >= kF32RingRowsPerSm * sms) return false;
+  const int64_t n_packs = a.hidden / Pack<T>::n;
+  if (n_packs > 2 * kBwdMaxThreads) return false;
+  const norm::RowShape shape = norm::register_row_shape(n_packs, kBwdMaxThreads, 0);
+  return shape.k == 1 ? launch_k<T, 1>(ctx, a, dw, db, shape.block)
+                      : launch_k<T, 2>(ctx, a, dw, db, shape.block);
+}
+
+template bool launch_bwd_rows<float>(const Context&, const BwdArgs<float>&, const TensorView&, const TensorView&);
+template bool launch_bwd_rows<__half>(const Context&, const BwdArgs<__half>&, const TensorView&, const TensorView&);
+template bool launch_bwd_rows<__nv_bfloat16>(const Context&, const BwdArgs<__nv_bfloat16>&, const TensorView&,
+                                             const TensorView&);
+
+}  // namespace opforge::cuda::layernorm_fast
