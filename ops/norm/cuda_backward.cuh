@@ -1,6 +1,7 @@
 // Parts shared by the register-resident backward kernels of the norm family (cuda_backward.cu)
-// and the bulk-copy pipeline (cuda_backward_bulk.cu): row scales, row pointers and the dw
-// partials with their fixed-order reduction (Note [one-launch dw]).
+// and the bulk-copy pipelines (cuda_backward_bulk.cu, ops/layernorm/cuda_backward_bulk.cu): row
+// scales, row pointers, the dw partials with their fixed-order reduction (Note [one-launch dw]),
+// the rows of a block (Note [row order]) and a pipeline's ring and launch plan.
 #pragma once
 
 #include <algorithm>
