@@ -73,10 +73,6 @@ template <class T> struct BwdArgs {
   float eps;
 };
 
-__device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
-  return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
-}
-
 // Sum over the threads of one row: a lane group (threads <= 32) or the whole block.
 // R sums at once (one barrier pair for all R when the row takes the whole block); `scratch` holds
 // R * 32 floats.

@@ -7,6 +7,11 @@
 
 namespace opforge::cuda {
 
+// 1 / sqrt(var + eps) of a row from its centred sum of squares: layer_norm's every CUDA kernel.
+__device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
+  return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
+}
+
 // Note [backward centring]: the layer_norm backward kernels reduce each row about a point c near
 // its mean (the f32 mean of a first reduction, or the row's first element): the sums of d = x - c,
 // d^2, g and g d (g = dy * w) give shift = sum d / n = mean - c, the centred sum of squares

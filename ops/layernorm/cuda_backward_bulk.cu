@@ -41,6 +41,7 @@ using norm::BulkPlan;
 using norm::kBulkMaxStages;
 using norm::kBwdMaxThreads;
 using norm::plan_bulk;
+using norm::stage_pack;
 
 // Rows per SM from which this kernel is taken, and from which f32 goes back to the ring kernel.
 // H200, hidden 4,096, this kernel against the ring in one call (docs/perf/gpu-h200-2026-11-28-round19.md):
@@ -48,15 +49,6 @@ using norm::plan_bulk;
 // f16 140.6 / 156.6, but f32 224.2 / 211.6 (the ring holds two packs a thread in registers).
 constexpr int64_t kMinRowsPerSm = 4;
 constexpr int64_t kF32RingRowsPerSm = 16;
-
-template <class T>
-__device__ __forceinline__ Pack<T> stage_pack(const unsigned char* stage, uint32_t offset) {
-  return *reinterpret_cast<const Pack<T>*>(stage + offset);
-}
-
-__device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
-  return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
-}
 
 template <class T, int K>
 __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)

@@ -104,10 +104,6 @@ template <class T> struct FwdArgs {
   float eps;
 };
 
-__device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
-  return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
-}
-
 // Sums of V values over the block (blockDim.x a multiple of 32, at most 1024): a butterfly within
 // each warp, then, with more than one warp, the warp results go through shared memory and are
 // added in a fixed order: by every thread in warp order for up to 8 warps, else by a second
@@ -358,10 +354,7 @@ __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
     cp_async_commit();
   };
   if constexpr (kBulk) {
-    if (t == 0) {
-      for (int s = 0; s < S; ++s) bulk_barrier_init(&full[s]);
-      for (int s = 0; s < S; ++s) issue_bulk(first + s * step, s);
-    }
+    norm::start_ring(full, S, rows, issue_bulk);
     __syncthreads();  // the barriers are initialised before anyone waits on them
   } else {
 #pragma unroll

@@ -144,6 +144,12 @@ inline bool bulk_rows_strided() {
   return !chunked;
 }
 
+// The 16-byte pack at `offset` bytes into a stage of a pipeline's ring.
+template <class T>
+__device__ __forceinline__ Pack<T> stage_pack(const unsigned char* stage, uint32_t offset) {
+  return *reinterpret_cast<const Pack<T>*>(stage + offset);
+}
+
 // Thread 0 of a pipeline kernel: the bulk copies of one row of each of the M tensors `src` into
 // the stage at `dst` (tensor m at m * row_bytes), completing on the stage's barrier.
 template <class T, int M>

@@ -54,11 +54,6 @@ namespace {
 constexpr int64_t kBulkMinRowsPerSm = 16;
 constexpr int64_t kBulkMinRowsPerSmFused = 4;
 
-template <class T>
-__device__ __forceinline__ Pack<T> stage_pack(const unsigned char* stage, uint32_t offset) {
-  return *reinterpret_cast<const Pack<T>*>(stage + offset);
-}
-
 template <class T, int K, bool kFused>
 __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     rms_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
