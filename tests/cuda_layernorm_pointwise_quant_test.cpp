@@ -266,16 +266,15 @@ TEST(CudaEwKernels, LayerNormRowblockOutlierFirstElement) {
   EXPECT_LT(worst, 2e-5);
 }
 
-// Note [layer_norm backward in one reduction] (ops/layernorm/cuda_backward_bulk.cu): the many-row
-// backward shifts each row's sums by its first element and reduces again, centred, when that
-// element is far from the mean. 4,096 rows (the bulk-copy pipeline on an H100 / H200), f32, rows
-// with an outlier first element (second reduction) and plain rows, against the host reference.
-TEST(CudaEwKernels, LayerNormBackwardBulkOutlierFirstElement) {
-  REQUIRE_CUDA();
+// Note [layer_norm backward in one reduction] (ops/layernorm/cuda_backward_bulk.cu) and Note
+// [few-row layer_norm backward cluster] (cuda_backward_cluster.cu) shift each row's sums by its
+// first element and reduce again, centred, when that element is far from the mean. f32 rows with
+// an outlier first element (second reduction) and plain rows, against the host reference.
+void check_layer_norm_backward_outliers(int64_t rows, int64_t hidden) {
+  SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(hidden));
   const auto k = cuda_kernel<LayerNormBackward>("cuda_vec16_async");
   const auto ref = global_registry().op(LayerNormBackward::name).kernel("reference", DeviceKind::cpu);
   ASSERT_TRUE(k.fn && ref);
-  const int64_t rows = 4096, hidden = 1024;
   Mat x = mat(rows, hidden, DType::f32, 0, 0, 31), dy = mat(rows, hidden, DType::f32, 0, 0, 32);
   Mat w = mat(-1, hidden, DType::f32, 0, 0, 33), dx = mat(rows, hidden, DType::f32);
   Mat dw = mat(-1, hidden, DType::f32), db = mat(-1, hidden, DType::f32);
@@ -297,8 +296,19 @@ TEST(CudaEwKernels, LayerNormBackwardBulkOutlierFirstElement) {
     return e;
   };
   EXPECT_LT(worst(dx, got_dx, rows * hidden), 1e-4);
-  EXPECT_LT(worst(dw, got_dw, hidden), 1e-3);  // sums over 4,096 rows in f32
+  EXPECT_LT(worst(dw, got_dw, hidden), 1e-3);  // sums over up to 4,096 rows in f32
   EXPECT_LT(worst(db, got_db, hidden), 1e-3);
+}
+
+// 4,096 rows: the bulk-copy pipeline on an H100 / H200. 1, 5 and 16 rows: the cluster (one row a
+// thread at 1 and 5, two at 16 x 4,096 f32; CTAs of 128 to 1,024 threads). 32 rows: the ring kernel.
+TEST(CudaEwKernels, LayerNormBackwardOutlierFirstElement) {
+  REQUIRE_CUDA();
+  check_layer_norm_backward_outliers(4096, 1024);
+  check_layer_norm_backward_outliers(1, 4096);
+  check_layer_norm_backward_outliers(5, 1024);
+  check_layer_norm_backward_outliers(16, 4096);
+  check_layer_norm_backward_outliers(32, 2048);
 }
 
 // ---- pointwise ops in place -----------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Parts of layer_norm_backward's CUDA kernels shared by ops/layernorm/cuda_fast.cu (the cp.async
-// ring, the dispatch) and ops/layernorm/cuda_backward_bulk.cu (the many-row bulk-copy pipeline).
+// ring, the dispatch), ops/layernorm/cuda_backward_bulk.cu (the many-row bulk-copy pipeline) and
+// ops/layernorm/cuda_backward_cluster.cu (the few-row cluster).
 #pragma once
 
 #include "ops/layernorm/layernorm_cuda.h"
@@ -54,5 +55,11 @@ template <class T> struct BwdArgs {
 // not fit): the caller runs the ring kernel. Instantiated for float, half and bfloat16.
 template <class T>
 bool launch_bwd_rows(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, const TensorView& db);
+
+// Note [few-row layer_norm backward cluster] (cuda_backward_cluster.cu): the few-row kernel, one
+// thread-block cluster; false when it does not take the call (more than two rows a thread, a row
+// too long, no cluster launch on this device, or OPFORGE_CUDA_CLUSTER_ROWS=0).
+template <class T>
+bool launch_bwd_cluster(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, const TensorView& db);
 
 }  // namespace opforge::cuda::layernorm_fast

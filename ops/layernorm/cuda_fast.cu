@@ -50,6 +50,9 @@
 //    follows every thread's reads of it). Measured faster from 1,024 rows on (f32 16,384 x 4,096
 //    on an H200: 85% -> 91% of copy; bf16 59% -> 60%, where the row's two reductions and its
 //    arithmetic, not the loads in flight, bound the kernel).
+//  - A handful of rows (up to 16, at most two a thread of one cluster) goes to one
+//    thread-block cluster instead (Note [few-row layer_norm backward cluster],
+//    cuda_backward_cluster.cu; bf16 16 x 4,096 on an H200: 6.8 -> 4.6 us, 1 x 4,096 6.2 -> 2.75).
 //  - From 4 rows an SM on the call goes instead to the bulk-copy pipeline with one reduction a row
 //    (Note [layer_norm backward in one reduction], cuda_backward_bulk.cu; bf16 16,384 x 4,096:
 //    162 -> 149 us), except f32 from 16 rows an SM on, which stays here (212 against 224 us).
@@ -509,6 +512,8 @@ void launch_backward(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
   // (6.07 against 6.20 us in f32). OPFORGE_CUDA_LN_BULK=0 keeps cp.async throughout.
   // From 4 rows an SM on (f32: 4 to 16): the bulk-copy pipeline with one reduction a row (Note
   // [layer_norm backward in one reduction], cuda_backward_bulk.cu).
+  // Few rows: one thread-block cluster (Note [few-row layer_norm backward cluster]).
+  if (launch_bwd_cluster<T>(ctx, a, dw, db)) return;
   if (launch_bwd_rows<T>(ctx, a, dw, db)) return;
   static const bool bulk_on = !env_off("OPFORGE_CUDA_LN_BULK");
   if (bulk_on && a.rows >= cuda_device_props(ctx.device.index).sm_count) {
@@ -627,7 +632,8 @@ void register_layernorm_cuda_fast(Registry& reg) {
       "cuda_vec16_async", 300,
       "x and dy streamed into a ring of shared-memory stages (cp.async, or bulk copies with "
       "one reduction a row from 4 rows an SM); one cooperative launch with per-block f32 dw/db "
-      "partials reduced in fixed order after a grid barrier",
+      "partials reduced in fixed order after a grid barrier; a handful of rows in one "
+      "thread-block cluster (row sums through distributed shared memory)",
       false);
   bwd.tolerances[DType::f32] = Tolerance{1e-4, 1e-4, 1e-10};
   reg.add_kernel<LayerNormBackward>(std::move(bwd), &layer_norm_backward_cuda_vec16_async,

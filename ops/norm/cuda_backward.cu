@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
 // ---- few rows: one cluster ------------------------------------------------------------------------
 // Note [few-row backward cluster] (compute capability 9.0 on; Note [cluster launch]): with a
 // handful of rows (16 tokens), the row-chunked kernel gives a few SMs a row each and then needs a
-// grid barrier for dw. Here one thread-block cluster of C CTAs (C <= 8) takes the whole problem
+// grid barrier for dw. Here one thread-block cluster of C CTAs (C <= 16; above 8 the non-portable
+// sizes of sm_90, from 8 rows on: fitting_cluster_plan in cuda_backward.cuh) takes the whole problem
 // cut by columns: CTA c owns the packs [c * P, (c + 1) * P) of every row, and its threads form G
 // row groups of P' = P rounded up to a warp (thread (g, p): pack p of rows g, g + G, ..., at most
 // RT = 2 rows a thread, all loaded at once). Then:
@@ -271,38 +272,18 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
 //    launch. Deterministic for a given shape and device.
 // Taken when RT <= 2 (at hidden 4096 bf16: up to 32 rows); more rows go to the chunked kernel,
 // which spreads them over the whole card.
-constexpr int kClusterCtas = 8;
-constexpr int kClusterMaxThreads = 1024;
-constexpr int kClusterMaxRows = 2 * (kClusterMaxThreads / 32);  // RT <= 2, G <= 32
-
-struct ClusterPlan {
-  int ranks = 0, packs = 0, padded = 0, groups = 0, rows_per_thread = 0;
-};
-inline ClusterPlan bwd_cluster_plan(int64_t rows, int64_t n_packs) {
-  ClusterPlan c;
-  int ranks = kClusterCtas;
-  while (ranks > 1 && n_packs < int64_t(ranks) * 32) ranks /= 2;  // a warp's width of packs a CTA
-  const int64_t packs = (n_packs + ranks - 1) / ranks, padded = (packs + 31) / 32 * 32;
-  if (rows < 1 || padded > kClusterMaxThreads) return c;
-  const int64_t groups = std::min<int64_t>(rows, kClusterMaxThreads / padded);
-  const int64_t rt = (rows + groups - 1) / groups;
-  if (rt > 2) return c;
-  c.ranks = ranks, c.packs = int(packs), c.padded = int(padded), c.groups = int(groups), c.rows_per_thread = int(rt);
-  return c;
-}
-
+// The plan (ClusterPlan) and the cross-CTA sums (ClusterRowSums, cluster_column_sums) are in
+// cuda_backward.cuh: layer_norm_backward's cluster kernel takes them too.
 template <class T, int RT, bool kFused>
 __global__ void __launch_bounds__(kClusterMaxThreads) rms_norm_bwd_cluster_kernel(BwdArgs<T> a, int packs, int padded,
                                                                                  int groups, T* dw_out,
                                                                                  int64_t dw_stride) {
   constexpr int N = Pack<T>::n;
-  __shared__ float2 warp_sums[kClusterMaxThreads / 32][RT];
-  __shared__ float2 cta_rows[kClusterMaxRows];  // this CTA's row partials, read by the cluster
-  __shared__ float2 row_total[kClusterMaxRows];
+  __shared__ ClusterRowSums<2, RT> sh;
   __shared__ float dw_stage[kClusterMaxThreads * N];  // G x N x P' floats, G x P' <= 1024
   programmatic_prologue();  // Note [programmatic launch]
   cg::cluster_group cluster = cg::this_cluster();
-  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
+  const unsigned rank = cluster.block_rank();
   const int n_packs = int(a.hidden / N);
   const int g = threadIdx.x / padded, pl = threadIdx.x % padded;
   const int pack = int(rank) * packs + pl;
@@ -320,54 +301,27 @@ __global__ void __launch_bounds__(kClusterMaxThreads) rms_norm_bwd_cluster_kerne
       if constexpr (kFused) rp[s] = load_pack(p.r + col);
     }
   }
-  float2 sums[RT];
+  float sums[RT][2];  // sum x^2, sum m*x
 #pragma unroll
   for (int s = 0; s < RT; ++s) {
     const int64_t row = g + int64_t(s) * groups;
-    sums[s] = make_float2(0.0f, 0.0f);
+    sums[s][0] = sums[s][1] = 0.0f;
     if (col_live && row < a.rows) {
       if constexpr (kFused) xp[s] = rounded_sum(xp[s], rp[s]);
       const PackFloats<T> xf = widen_pack(xp[s]), gf = widen_pack(gp[s]), wf = widen_pack(wp);
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         const float v = xf.v[j];
-        sums[s].x += v * v;
-        sums[s].y += gf.v[j] * (wf.v[j] + a.offset) * v;
+        sums[s][0] += v * v;
+        sums[s][1] += gf.v[j] * (wf.v[j] + a.offset) * v;
       }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      sums[s].x += __shfl_xor_sync(0xffffffffu, sums[s].x, offset);
-      sums[s].y += __shfl_xor_sync(0xffffffffu, sums[s].y, offset);
-    }
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32][s] = sums[s];
   }
-  __syncthreads();
-  // Thread t < rows: row t = group t % G, slot t / G; its group's warps in order.
-  const int warps_per_group = padded / 32;
-  if (int64_t(threadIdx.x) < a.rows && int(threadIdx.x) < groups * RT) {
-    const int tg = threadIdx.x % groups, ts = threadIdx.x / groups;
-    float2 acc = make_float2(0.0f, 0.0f);
-    for (int w = tg * warps_per_group; w < (tg + 1) * warps_per_group; ++w) {
-      acc.x += warp_sums[w][ts].x;
-      acc.y += warp_sums[w][ts].y;
-    }
-    cta_rows[threadIdx.x] = acc;
-  }
+  cta_row_sums(sums, sh, groups, padded, a.rows);
   cluster.sync();
-  if (int64_t(threadIdx.x) < a.rows && int(threadIdx.x) < groups * RT) {
-    float2 parts[kClusterCtas];
-#pragma unroll
-    for (int r = 0; r < kClusterCtas; ++r)  // every remote load issued before the first is used
-      if (r < int(ranks)) parts[r] = cluster.map_shared_rank(cta_rows, unsigned(r))[threadIdx.x];
-    float2 total = parts[0];
-#pragma unroll
-    for (int r = 1; r < kClusterCtas; ++r)
-      if (r < int(ranks)) total.x += parts[r].x, total.y += parts[r].y;
-    row_total[threadIdx.x] = total;
-  }
+  cluster_row_totals(cluster, sh, groups, a.rows);
   cluster_arrive();  // done with the other CTAs' shared memory
-  __syncthreads();   // row_total
+  __syncthreads();   // sh.total
   float dw[N];
 #pragma unroll
   for (int j = 0; j < N; ++j) dw[j] = 0.0f;
@@ -376,46 +330,29 @@ __global__ void __launch_bounds__(kClusterMaxThreads) rms_norm_bwd_cluster_kerne
     const int64_t row = g + int64_t(s) * groups;
     if (col_live && row < a.rows)
       store_dx_pack<T, kFused, true>(bwd_row<T, kFused>(a, row), col, xp[s], gp[s], wp, a.offset,
-                               row_scales(row_total[row], a), dw);
+                                     row_scales(make_float2(sh.total[row][0], sh.total[row][1]), a), dw);
   }
-  // dw of the CTA's columns. One row group: each thread's sums are its columns' dw. Else every
-  // thread stages its N sums as [group][j][pack] (consecutive threads, consecutive words), then
-  // thread t adds column (j, pack) = (t / P', t % P') over the groups in order: P' x N columns
-  // summed in parallel, G shared loads each (one thread adding a pack's N columns over 16 groups
-  // took 1 us more at 16 x 4096).
-  if (groups == 1) {
-    if (col_live)
-#pragma unroll
-      for (int j = 0; j < N; ++j) dw_out[int64_t(col + j) * dw_stride] = from_f32<T>(dw[j]);
-    cluster_wait();
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < N; ++j) dw_stage[(g * N + j) * padded + pl] = dw[j];
-  __syncthreads();
-  for (int c = threadIdx.x; c < padded * N; c += blockDim.x) {
-    const int j = c / padded, cp = c % padded, cpack = int(rank) * packs + cp;
-    if (cp >= packs || cpack >= n_packs) continue;
-    float sum = 0.0f;
-    for (int h = 0; h < groups; ++h) sum += dw_stage[(h * N + j) * padded + cp];
-    dw_out[int64_t(cpack * N + j) * dw_stride] = from_f32<T>(sum);
-  }
-  cluster_wait();  // no CTA leaves while another may still read its `cta_rows`
+  // dw of the CTA's columns is complete inside the CTA (one thread adding a pack's N columns over
+  // 16 groups took 1 us more at 16 x 4096 than the column-parallel sums).
+  cluster_column_sums(dw, dw_stage, g, pl, padded, packs, groups, int(rank) * packs, n_packs,
+                      [&](int c, float total) { dw_out[int64_t(c) * dw_stride] = from_f32<T>(total); });
+  cluster_wait();  // no CTA leaves while another may still read its partials
 }
 
 template <class T, bool kFused>
 bool launch_bwd_cluster(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw) {
   if (!cluster_rows_enabled()) return false;
-  const ClusterPlan c = bwd_cluster_plan(a.rows, a.hidden / Pack<T>::n);
+  const void* const kernels[2] = {reinterpret_cast<const void*>(rms_norm_bwd_cluster_kernel<T, 1, kFused>),
+                                  reinterpret_cast<const void*>(rms_norm_bwd_cluster_kernel<T, 2, kFused>)};
+  static const bool wide = allow_wide_clusters(kernels[0]) && allow_wide_clusters(kernels[1]);
+  const ClusterPlan c = fitting_cluster_plan(ctx.device.index, a.rows, a.hidden / Pack<T>::n, kernels, wide);
   if (c.ranks == 0) return false;
   auto kernel = c.rows_per_thread == 1 ? rms_norm_bwd_cluster_kernel<T, 1, kFused> : rms_norm_bwd_cluster_kernel<T, 2, kFused>;
-  const int threads = c.groups * c.padded;
-  if (!cluster_launch_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), c.ranks, threads, 0)) return false;
   launch_cluster(ctx,
                  kFused ? "fused_add_rms_norm_backward_cuda_vec16 cluster launch"
                         : "rms_norm_backward_cuda_vec16 cluster launch",
-                 kernel, dim3(unsigned(c.ranks)), dim3(unsigned(threads)), 0, c.ranks, a, c.packs, c.padded, c.groups,
-                 dw.ptr<T>(), int64_t(dw.stride(0)));
+                 kernel, dim3(unsigned(c.ranks)), dim3(unsigned(c.groups * c.padded)), 0, c.ranks, a, c.packs,
+                 c.padded, c.groups, dw.ptr<T>(), int64_t(dw.stride(0)));
   return true;
 }
 

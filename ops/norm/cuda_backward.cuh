@@ -1,8 +1,12 @@
 // Parts shared by the register-resident backward kernels of the norm family (cuda_backward.cu)
 // and the bulk-copy pipelines (cuda_backward_bulk.cu, ops/layernorm/cuda_backward_bulk.cu): row
 // scales, row pointers, the dw partials with their fixed-order reduction (Note [one-launch dw]),
-// the rows of a block (Note [row order]) and a pipeline's ring and launch plan.
+// the rows of a block (Note [row order]), a pipeline's ring and launch plan, and the few-row
+// cluster's plan and its cross-CTA sums (Note [few-row backward cluster], also taken by
+// ops/layernorm/cuda_backward_cluster.cu).
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <atomic>
@@ -115,6 +119,9 @@ __device__ __forceinline__ void store_partial_row(float* dst, int64_t hidden, co
 }
 
 // ---- bulk-copy row pipelines (Note [bulk-copy row pipeline], cuda_backward_bulk.cu) -----------------
+// Stages of a ring, at most. Up to 6 (what two blocks of the bf16 rms_norm pipeline can hold)
+// measured no faster at 16,384 x 4,096 on an H200 (110.2-110.7 against 112.5 us;
+// docs/perf/gpu-h200-2026-11-28-round20.md).
 inline constexpr int kBulkMaxStages = 4;
 // Static shared memory of a pipeline kernel (barriers, reduction scratch for up to 4 values, the
 // partials' slice) plus the 1 KB the runtime reserves per block, left out of a block's share.
@@ -212,6 +219,152 @@ bool plan_bulk(Kernel kernel, BulkCache& cache, const CudaDeviceProps& props, in
 inline int64_t bulk_min_rows_per_sm(int64_t fallback) {
   static const int forced = env_choice("OPFORGE_CUDA_BULK_MIN_ROWS_PER_SM", 1, 64);
   return forced ? forced : fallback;
+}
+
+// ---- few rows: one cluster (Note [few-row backward cluster], cuda_backward.cu) -------------------------
+inline constexpr int kClusterCtas = 16;         // the most: a non-portable cluster size of sm_90
+inline constexpr int kClusterPortableCtas = 8;  // the portable cluster size limit
+inline constexpr int kClusterMaxThreads = 1024;
+inline constexpr int kClusterMaxRows = 2 * (kClusterMaxThreads / 32);  // RT <= 2, G <= 32
+
+// CTA c of the cluster owns the packs [c * packs, (c + 1) * packs) of every row; its threads form
+// `groups` row groups of `padded` threads (packs rounded up to a warp), thread (g, p) holding pack
+// p of rows g, g + groups, ... (`rows_per_thread` of them). ranks == 0: the plan does not apply
+// (more than 2 rows a thread, or a row too long for the CTAs of 1024 threads). Up to `most_ranks`
+// CTAs, as many as leave each a warp's width of packs.
+struct ClusterPlan {
+  int ranks = 0, packs = 0, padded = 0, groups = 0, rows_per_thread = 0;
+};
+inline ClusterPlan bwd_cluster_plan(int64_t rows, int64_t n_packs, int most_ranks = kClusterPortableCtas) {
+  ClusterPlan c;
+  int ranks = most_ranks;
+  while (ranks > 1 && n_packs < int64_t(ranks) * 32) ranks /= 2;  // a warp's width of packs a CTA
+  const int64_t packs = (n_packs + ranks - 1) / ranks, padded = (packs + 31) / 32 * 32;
+  if (rows < 1 || padded > kClusterMaxThreads) return c;
+  const int64_t groups = std::min<int64_t>(rows, kClusterMaxThreads / padded);
+  const int64_t rt = (rows + groups - 1) / groups;
+  if (rt > 2) return c;
+  c.ranks = ranks, c.packs = int(packs), c.padded = int(padded), c.groups = int(groups), c.rows_per_thread = int(rt);
+  return c;
+}
+
+// Whether `kernel` may run in clusters of up to 16 CTAs (the non-portable sizes): false where the
+// device refuses, or OPFORGE_CUDA_NORM_CLUSTER_CTAS=8 keeps the portable 8 (tuning). The caller
+// asks once per kernel (static).
+inline bool allow_wide_clusters(const void* kernel) {
+  const char* e = std::getenv("OPFORGE_CUDA_NORM_CLUSTER_CTAS");
+  if (e && std::string_view(e) == "8") return false;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) return true;
+  cudaGetLastError();  // a refusal means "8 at most", not an error
+  return false;
+}
+// The plan of a few-row cluster launch whose kernel for r rows a thread is kernels[r - 1]: up to
+// 16 CTAs where `wide` and from 8 rows on, else (or where the device cannot co-schedule that
+// cluster) up to 8; ranks 0 when neither applies or fits. H200, bf16, 16 against 8 CTAs in one
+// call (docs/perf/gpu-h200-2026-11-28-round20.md): 16 x 4,096 rms_norm_backward 4.21 -> 3.50 us,
+// fused_add_rms_norm_backward 4.75 -> 3.96, layer_norm_backward 5.53 -> 4.62; 9 x 4,104
+// layer_norm_backward 5.28 -> 4.88; 16 x 8,192 5.85 -> 4.62 (rms); but one row 2.28 -> 2.47 (rms)
+// and 2.73 -> 2.95 (layer_norm), where a CTA is one warp and the wider barrier costs more.
+inline constexpr int64_t kWideClusterMinRows = 8;
+inline ClusterPlan fitting_cluster_plan(int device_index, int64_t rows, int64_t n_packs,
+                                        const void* const (&kernels)[2], bool wide) {
+  wide = wide && rows >= kWideClusterMinRows;
+  for (const int most : {wide ? kClusterCtas : kClusterPortableCtas, kClusterPortableCtas}) {
+    const ClusterPlan c = bwd_cluster_plan(rows, n_packs, most);
+    if (c.ranks == 0) return c;
+    if (cluster_launch_fits(device_index, kernels[c.rows_per_thread - 1], c.ranks, c.groups * c.padded, 0))
+      return c;
+  }
+  return ClusterPlan{};
+}
+
+// V sums of every row over the cluster. cta_row_sums: each thread's sums of its RT rows (row
+// g + s * groups in slot s) go through a warp butterfly, then the warps of a row group in order,
+// into `cta[row]` (this CTA's partial). After a cluster barrier, cluster_row_totals: thread
+// t < rows * V adds sum t % V of row t / V over the CTAs in rank order through distributed shared memory into
+// `total[t]`, so every CTA gets the same bits. The caller then arrives at the cluster barrier
+// (done reading the others' `cta`) and syncs its block before reading `total`.
+template <int V, int RT> struct ClusterRowSums {
+  float warp[kClusterMaxThreads / 32][RT][V];
+  float cta[kClusterMaxRows][V];
+  float total[kClusterMaxRows][V];
+};
+template <int V, int RT>
+__device__ __forceinline__ void cta_row_sums(float (&s)[RT][V], ClusterRowSums<V, RT>& sh, int groups, int padded,
+                                             int64_t rows) {
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+#pragma unroll
+      for (int v = 0; v < V; ++v) s[r][v] += __shfl_xor_sync(0xffffffffu, s[r][v], offset);
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+      for (int v = 0; v < V; ++v) sh.warp[threadIdx.x / 32][r][v] = s[r][v];
+  }
+  __syncthreads();
+  // Thread t < rows: row t = group t % groups, slot t / groups; its group's warps in order.
+  const int warps_per_group = padded / 32;
+  if (int64_t(threadIdx.x) < rows && int(threadIdx.x) < groups * RT) {
+    const int tg = threadIdx.x % groups, ts = threadIdx.x / groups;
+    float acc[V] = {};
+    for (int w = tg * warps_per_group; w < (tg + 1) * warps_per_group; ++w)
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += sh.warp[w][ts][v];
+#pragma unroll
+    for (int v = 0; v < V; ++v) sh.cta[threadIdx.x][v] = acc[v];
+  }
+}
+template <int V, int RT>
+__device__ __forceinline__ void cluster_row_totals(cooperative_groups::cluster_group& cluster,
+                                                   ClusterRowSums<V, RT>& sh, int groups, int64_t rows) {
+  const unsigned ranks = cluster.num_blocks();
+  const int64_t held = rows < int64_t(groups) * RT ? rows : int64_t(groups) * RT;
+  if (int64_t(threadIdx.x) < held * V) {  // thread t: sum t % V of row t / V
+    float t = 0.0f;
+#pragma unroll
+    for (int r0 = 0; r0 < kClusterCtas; r0 += kClusterPortableCtas) {  // 8 ranks at a time
+      if (r0 >= int(ranks)) break;
+      float parts[kClusterPortableCtas];
+#pragma unroll
+      for (int r = 0; r < kClusterPortableCtas; ++r)  // every remote load issued before the first is used
+        if (r0 + r < int(ranks)) parts[r] = cluster.map_shared_rank(&sh.cta[0][0], unsigned(r0 + r))[threadIdx.x];
+#pragma unroll
+      for (int r = 0; r < kClusterPortableCtas; ++r)
+        if (r0 + r < int(ranks)) t += parts[r];
+    }
+    (&sh.total[0][0])[threadIdx.x] = t;
+  }
+}
+
+// Column sums of a cluster CTA's columns over its row groups: thread (g, p) holds in v[j] its
+// sum for column (pack p of the CTA, element j). One group: those are the totals. Else each
+// thread stages its N sums as [group][j][pack] in `stage` (kClusterMaxThreads * N floats;
+// consecutive threads, consecutive words), then thread t adds column (j, pack) = (t / padded,
+// t % padded) over the groups in order (padded x N columns summed in parallel, `groups` shared
+// loads each). out(column, total) stores a total. Ends on a block barrier when it staged (the
+// stage can be reused).
+template <int N, class Out>
+__device__ __forceinline__ void cluster_column_sums(const float (&v)[N], float* stage, int g, int pl, int padded,
+                                                    int packs, int groups, int first_pack, int n_packs,
+                                                    Out out) {
+  if (groups == 1) {
+    if (pl < packs && first_pack + pl < n_packs)
+#pragma unroll
+      for (int j = 0; j < N; ++j) out((first_pack + pl) * N + j, v[j]);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) stage[(g * N + j) * padded + pl] = v[j];
+  __syncthreads();
+  for (int c = threadIdx.x; c < padded * N; c += blockDim.x) {
+    const int j = c / padded, cp = c % padded, cpack = first_pack + cp;
+    if (cp >= packs || cpack >= n_packs) continue;
+    float sum = 0.0f;
+    for (int h = 0; h < groups; ++h) sum += stage[(h * N + j) * padded + cp];
+    out(cpack * N + j, sum);
+  }
+  __syncthreads();
 }
 
 // Note [bulk-copy row pipeline] (cuda_backward_bulk.cu): runs the many-row vec16 backward through

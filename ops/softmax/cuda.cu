@@ -251,9 +251,9 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 }
 
 // Note [few-row softmax cluster] (compute capability 9.0 on; Note [cluster launch]): with fewer
-// rows than SMs and a row that fits, a row is cut into `ranks` (2..8) contiguous segments, one
+// rows than SMs and a row that fits, a row is cut into `ranks` (2..16) contiguous segments, one
 // CTA of 256 threads each, the CTAs of a row forming one thread-block cluster. Every thread holds
-// up to kClusterUnits units of its segment in registers, all loaded at once (one memory round
+// up to kUnits units of its segment in registers, all loaded at once (one memory round
 // trip); the CTA's partial (forward: max and sum of exp; backward: sum of dy * y or of dy) goes
 // to its shared memory, and after one cluster barrier every CTA fetches the row's partials through
 // distributed shared memory (a thread per rank) and merges them in rank order (every CTA of the
@@ -261,13 +261,18 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 // it replaces there: no cooperative launch (the launch is programmatic), no grid barrier through
 // global memory, no workspace; the clusters of different rows never wait for each other. Small CTAs (an SM holds
 // several) keep a cluster's co-scheduling easy: 16 rows of 8 CTAs need 128 CTA slots, not 128
-// whole SMs. Rows longer than ranks x 256 x kClusterUnits units (bf16: 131,072 elements) take
-// the split kernel.
+// whole SMs. The plan (few_row_plan): 4 units a thread where up to 8 CTAs hold the row (16 when
+// the rows' 16 CTAs each still find an SM: the non-portable cluster sizes of compute capability
+// 9.0), else 8 units a thread and 8 CTAs; rows longer than 8 x 256 x 8 units (bf16: 131,072
+// elements) take the split kernel. The kernel with 4 units a thread is the shorter one (94 -> 60
+// registers in the bf16 softmax): H200, bf16, against 8 units a thread in one call: softmax 16 x
+// 4,096 3.50 -> 3.08 us, 16 x 32,000 5.04 -> 4.27, 1 x 128,256 (16 CTAs) 5.37 -> 4.55,
+// log_softmax likewise, the backward ops 0.25-0.45 us faster; 16 x 128,256 on 16 CTAs a row was
+// slower (7.22 -> 8.04) and keeps 8 units on 8 CTAs (docs/perf/gpu-h200-2026-11-28-round20.md).
 constexpr int kClusterThreads = 256;
-constexpr int kClusterUnits = 8;
-constexpr int kClusterCtas = 8;  // the portable cluster size limit
+constexpr int kClusterCtas = 16;  // the most CTAs a row
 
-template <class T, bool kVec, Kind kKind>
+template <class T, bool kVec, Kind kKind, int kClusterUnits>
 __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Args<T> p, int64_t seg_units) {
   programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
@@ -354,22 +359,57 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
   cluster_wait();  // no CTA leaves while another may still read its `part`
 }
 
-// The cluster size of Note [few-row softmax cluster], or 0 for the other paths: the fewest CTAs
-// that hold the row, doubled while the rows' CTAs stay within the SM count and every thread keeps
-// at least one unit; at least 2 (a row one CTA holds whole and no SMs to spread it over goes to
-// softmax_kernel).
-template <class T, bool kVec, Kind kKind>
-int cluster_ranks(int64_t rows, int64_t units, const CudaDeviceProps& props, int device_index) {
-  if (rows >= props.sm_count || !cluster_rows_enabled()) return 0;
-  constexpr int64_t per_cta = int64_t(kClusterThreads) * kClusterUnits;
+// The cluster size for `units_per_thread` units a thread and at most `max_ranks` CTAs, or 0: the
+// fewest CTAs that hold the row, doubled while the rows' CTAs stay within the SM count and every
+// thread keeps at least one unit; at least 2 (a row one CTA holds whole and no SMs to spread it
+// over goes to softmax_kernel).
+inline int cluster_ranks(int64_t rows, int64_t units, int sms, int units_per_thread, int max_ranks) {
+  const int64_t per_cta = int64_t(kClusterThreads) * units_per_thread;
   int ranks = 1;
-  while (ranks < kClusterCtas && ranks * per_cta < units) ranks *= 2;
+  while (ranks < max_ranks && ranks * per_cta < units) ranks *= 2;
   if (ranks * per_cta < units) return 0;
-  while (ranks < kClusterCtas && rows * ranks * 2 <= props.sm_count && units >= int64_t(ranks) * 2 * kClusterThreads)
-    ranks *= 2;
-  if (ranks < 2) return 0;
-  const void* kernel = reinterpret_cast<const void*>(softmax_cluster_kernel<T, kVec, kKind>);
-  return cluster_launch_fits(device_index, kernel, ranks, kClusterThreads, 0) ? ranks : 0;
+  while (ranks < max_ranks && rows * ranks * 2 <= sms && units >= int64_t(ranks) * 2 * kClusterThreads) ranks *= 2;
+  return ranks < 2 ? 0 : ranks;
+}
+
+// Launches the few-row cluster kernel with kUnits units a thread and `ranks` CTAs a row; false
+// when the device cannot co-schedule such a cluster.
+template <class T, bool kVec, Kind kKind, int kUnits>
+bool launch_cluster_units(const Context& ctx, const Args<T>& p, int64_t units, int ranks) {
+  auto kernel = softmax_cluster_kernel<T, kVec, kKind, kUnits>;
+  if (ranks > 8) {
+    static const bool allowed = [&] {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) return true;
+      cudaGetLastError();  // a refusal means "8 at most", not an error
+      return false;
+    }();
+    if (!allowed) return false;
+  }
+  if (!cluster_launch_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), ranks, kClusterThreads, 0))
+    return false;
+  launch_cluster(ctx, "softmax cluster launch", kernel, dim3(unsigned(p.rows * ranks)), dim3(kClusterThreads), 0,
+                 ranks, p, (units + ranks - 1) / ranks);
+  return true;
+}
+
+// Note [few-row softmax cluster]'s plan; false when it does not take the call.
+// OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8 always takes 8 units a thread on up to 8 CTAs (tuning).
+template <class T, bool kVec, Kind kKind>
+bool launch_few_rows(const Context& ctx, const Args<T>& p, int64_t units, const CudaDeviceProps& props) {
+  if (p.rows >= props.sm_count || !cluster_rows_enabled()) return false;
+  static const bool eight_only = env_choice("OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS", 8, 8) == 8;
+  if constexpr (kVec) {
+    if (!eight_only) {
+      const int max_ranks = p.rows * 16 <= props.sm_count ? 16 : 8;
+      if (const int ranks = cluster_ranks(p.rows, units, props.sm_count, 4, max_ranks)) {
+        if (launch_cluster_units<T, kVec, kKind, 4>(ctx, p, units, ranks)) return true;
+        if (ranks <= 8) return false;  // the device cannot co-schedule the cluster
+        // No 16-CTA cluster here: 8 units a thread on 8 CTAs, below.
+      }
+    }
+  }
+  const int ranks = cluster_ranks(p.rows, units, props.sm_count, 8, 8);
+  return ranks > 0 && launch_cluster_units<T, kVec, kKind, 8>(ctx, p, units, ranks);
 }
 
 // Segments a row for Note [split softmax rows], or 1 to use softmax_kernel: enough blocks for
@@ -412,11 +452,7 @@ void run(const Context& ctx, const TensorView& out, const TensorView& a, const T
     p.rows = rows;
     p.n = n;
     const int64_t units = n / W;
-    if (const int ranks = cluster_ranks<T, kVec, kKind>(rows, units, props, ctx.device.index)) {
-      launch_cluster(ctx, "softmax cluster launch", softmax_cluster_kernel<T, kVec, kKind>, dim3(unsigned(rows * ranks)),
-                     dim3(kClusterThreads), 0, ranks, p, (units + ranks - 1) / ranks);
-      return;
-    }
+    if (launch_few_rows<T, kVec, kKind>(ctx, p, units, props)) return;
     if (int64_t splits = split_count<T, kVec, kKind>(rows, units, props); splits > 1) {
       const int64_t seg_units = (units + splits - 1) / splits;
       splits = (units + seg_units - 1) / seg_units;  // no empty segment
