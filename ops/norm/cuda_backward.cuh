@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "ops/norm/cluster_plan.h"
 #include "ops/norm/cuda_common.cuh"
 
 namespace opforge::cuda::norm {
@@ -222,31 +223,7 @@ inline int64_t bulk_min_rows_per_sm(int64_t fallback) {
 }
 
 // ---- few rows: one cluster (Note [few-row backward cluster], cuda_backward.cu) -------------------------
-inline constexpr int kClusterCtas = 16;         // the most: a non-portable cluster size of sm_90
-inline constexpr int kClusterPortableCtas = 8;  // the portable cluster size limit
-inline constexpr int kClusterMaxThreads = 1024;
-inline constexpr int kClusterMaxRows = 2 * (kClusterMaxThreads / 32);  // RT <= 2, G <= 32
-
-// CTA c of the cluster owns the packs [c * packs, (c + 1) * packs) of every row; its threads form
-// `groups` row groups of `padded` threads (packs rounded up to a warp), thread (g, p) holding pack
-// p of rows g, g + groups, ... (`rows_per_thread` of them). ranks == 0: the plan does not apply
-// (more than 2 rows a thread, or a row too long for the CTAs of 1024 threads). Up to `most_ranks`
-// CTAs, as many as leave each a warp's width of packs.
-struct ClusterPlan {
-  int ranks = 0, packs = 0, padded = 0, groups = 0, rows_per_thread = 0;
-};
-inline ClusterPlan bwd_cluster_plan(int64_t rows, int64_t n_packs, int most_ranks = kClusterPortableCtas) {
-  ClusterPlan c;
-  int ranks = most_ranks;
-  while (ranks > 1 && n_packs < int64_t(ranks) * 32) ranks /= 2;  // a warp's width of packs a CTA
-  const int64_t packs = (n_packs + ranks - 1) / ranks, padded = (packs + 31) / 32 * 32;
-  if (rows < 1 || padded > kClusterMaxThreads) return c;
-  const int64_t groups = std::min<int64_t>(rows, kClusterMaxThreads / padded);
-  const int64_t rt = (rows + groups - 1) / groups;
-  if (rt > 2) return c;
-  c.ranks = ranks, c.packs = int(packs), c.padded = int(padded), c.groups = int(groups), c.rows_per_thread = int(rt);
-  return c;
-}
+// ClusterPlan, bwd_cluster_plan: ops/norm/cluster_plan.h.
 
 // Whether `kernel` may run in clusters of up to 16 CTAs (the non-portable sizes): false where the
 // device refuses, or OPFORGE_CUDA_NORM_CLUSTER_CTAS=8 keeps the portable 8 (tuning). The caller
@@ -265,7 +242,6 @@ inline bool allow_wide_clusters(const void* kernel) {
 // fused_add_rms_norm_backward 4.75 -> 3.96, layer_norm_backward 5.53 -> 4.62; 9 x 4,104
 // layer_norm_backward 5.28 -> 4.88; 16 x 8,192 5.85 -> 4.62 (rms); but one row 2.28 -> 2.47 (rms)
 // and 2.73 -> 2.95 (layer_norm), where a CTA is one warp and the wider barrier costs more.
-inline constexpr int64_t kWideClusterMinRows = 8;
 inline ClusterPlan fitting_cluster_plan(int device_index, int64_t rows, int64_t n_packs,
                                         const void* const (&kernels)[2], bool wide) {
   wide = wide && rows >= kWideClusterMinRows;

@@ -34,6 +34,7 @@
 #include <cooperative_groups.h>
 
 #include "backends/cuda/cuda_launch.cuh"
+#include "ops/softmax/cluster_plan.h"
 #include "ops/softmax/row_reduce.cuh"
 #include "ops/softmax/softmax_cuda.h"
 
@@ -261,15 +262,14 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 // it replaces there: no cooperative launch (the launch is programmatic), no grid barrier through
 // global memory, no workspace; the clusters of different rows never wait for each other. Small CTAs (an SM holds
 // several) keep a cluster's co-scheduling easy: 16 rows of 8 CTAs need 128 CTA slots, not 128
-// whole SMs. The plan (few_row_plan): 4 units a thread where up to 8 CTAs hold the row (16 when
-// the rows' 16 CTAs each still find an SM: the non-portable cluster sizes of compute capability
-// 9.0), else 8 units a thread and 8 CTAs; rows longer than 8 x 256 x 8 units (bf16: 131,072
-// elements) take the split kernel. The kernel with 4 units a thread is the shorter one (94 -> 60
+// whole SMs. The plan (few_row_plan, cluster_plan.h): 4 units a thread where up to 8 CTAs hold
+// the row (16 when the rows' 16 CTAs each still find an SM: the non-portable cluster sizes of
+// compute capability 9.0), else 8 units a thread and 8 CTAs; rows longer than 8 x 256 x 8 units
+// (bf16: 131,072 elements) take the split kernel. The kernel with 4 units a thread is the shorter one (94 -> 60
 // registers in the bf16 softmax): H200, bf16, against 8 units a thread in one call: softmax 16 x
 // 4,096 3.50 -> 3.08 us, 16 x 32,000 5.04 -> 4.27, 1 x 128,256 (16 CTAs) 5.37 -> 4.55,
 // log_softmax likewise, the backward ops 0.25-0.45 us faster; 16 x 128,256 on 16 CTAs a row was
 // slower (7.22 -> 8.04) and keeps 8 units on 8 CTAs (docs/perf/gpu-h200-2026-11-28-round20.md).
-constexpr int kClusterThreads = 256;
 constexpr int kClusterCtas = 16;  // the most CTAs a row
 
 template <class T, bool kVec, Kind kKind, int kClusterUnits>
@@ -359,19 +359,6 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
   cluster_wait();  // no CTA leaves while another may still read its `part`
 }
 
-// The cluster size for `units_per_thread` units a thread and at most `max_ranks` CTAs, or 0: the
-// fewest CTAs that hold the row, doubled while the rows' CTAs stay within the SM count and every
-// thread keeps at least one unit; at least 2 (a row one CTA holds whole and no SMs to spread it
-// over goes to softmax_kernel).
-inline int cluster_ranks(int64_t rows, int64_t units, int sms, int units_per_thread, int max_ranks) {
-  const int64_t per_cta = int64_t(kClusterThreads) * units_per_thread;
-  int ranks = 1;
-  while (ranks < max_ranks && ranks * per_cta < units) ranks *= 2;
-  if (ranks * per_cta < units) return 0;
-  while (ranks < max_ranks && rows * ranks * 2 <= sms && units >= int64_t(ranks) * 2 * kClusterThreads) ranks *= 2;
-  return ranks < 2 ? 0 : ranks;
-}
-
 // Launches the few-row cluster kernel with kUnits units a thread and `ranks` CTAs a row; false
 // when the device cannot co-schedule such a cluster.
 template <class T, bool kVec, Kind kKind, int kUnits>
@@ -392,24 +379,22 @@ bool launch_cluster_units(const Context& ctx, const Args<T>& p, int64_t units, i
   return true;
 }
 
-// Note [few-row softmax cluster]'s plan; false when it does not take the call.
-// OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8 always takes 8 units a thread on up to 8 CTAs (tuning).
+// Note [few-row softmax cluster]'s plan (few_row_plan, ops/softmax/cluster_plan.h); false when it
+// does not take the call. OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8 always takes 8 units a thread on up
+// to 8 CTAs (tuning).
 template <class T, bool kVec, Kind kKind>
 bool launch_few_rows(const Context& ctx, const Args<T>& p, int64_t units, const CudaDeviceProps& props) {
-  if (p.rows >= props.sm_count || !cluster_rows_enabled()) return false;
+  if (!cluster_rows_enabled()) return false;
   static const bool eight_only = env_choice("OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS", 8, 8) == 8;
+  FewRowPlan plan = few_row_plan(p.rows, units, props.sm_count, kVec && !eight_only);
   if constexpr (kVec) {
-    if (!eight_only) {
-      const int max_ranks = p.rows * 16 <= props.sm_count ? 16 : 8;
-      if (const int ranks = cluster_ranks(p.rows, units, props.sm_count, 4, max_ranks)) {
-        if (launch_cluster_units<T, kVec, kKind, 4>(ctx, p, units, ranks)) return true;
-        if (ranks <= 8) return false;  // the device cannot co-schedule the cluster
-        // No 16-CTA cluster here: 8 units a thread on 8 CTAs, below.
-      }
+    if (plan.units_per_thread == 4) {
+      if (launch_cluster_units<T, kVec, kKind, 4>(ctx, p, units, plan.ranks)) return true;
+      if (plan.ranks <= 8) return false;  // the device cannot co-schedule the cluster
+      plan = few_row_plan(p.rows, units, props.sm_count, false);  // no 16-CTA cluster here
     }
   }
-  const int ranks = cluster_ranks(p.rows, units, props.sm_count, 8, 8);
-  return ranks > 0 && launch_cluster_units<T, kVec, kKind, 8>(ctx, p, units, ranks);
+  return plan.ranks > 0 && launch_cluster_units<T, kVec, kKind, 8>(ctx, p, units, plan.ranks);
 }
 
 // Segments a row for Note [split softmax rows], or 1 to use softmax_kernel: enough blocks for

@@ -1,0 +1,41 @@
+// The launch plan of the softmax family's few-row clusters (Note [few-row softmax cluster],
+// ops/softmax/cuda.cu): plain host arithmetic, so that the tests check it on any machine.
+#pragma once
+
+#include <cstdint>
+
+namespace opforge::cuda::softmax {
+
+inline constexpr int kClusterThreads = 256;  // threads of a cluster CTA
+
+// The cluster size for `units_per_thread` units a thread and at most `max_ranks` CTAs, or 0: the
+// fewest CTAs that hold the row, doubled while the rows' CTAs stay within the SM count and every
+// thread keeps at least one unit; at least 2 (a row one CTA holds whole and no SMs to spread it
+// over goes to the row kernel).
+inline int cluster_ranks(int64_t rows, int64_t units, int sms, int units_per_thread, int max_ranks) {
+  const int64_t per_cta = int64_t(kClusterThreads) * units_per_thread;
+  int ranks = 1;
+  while (ranks < max_ranks && ranks * per_cta < units) ranks *= 2;
+  if (ranks * per_cta < units) return 0;
+  while (ranks < max_ranks && rows * ranks * 2 <= sms && units >= int64_t(ranks) * 2 * kClusterThreads) ranks *= 2;
+  return ranks < 2 ? 0 : ranks;
+}
+
+// Units a thread (4 or 8) and CTAs a row of the few-row cluster, or {0, 0} when it does not take
+// the call (as many rows as SMs, or a row longer than 8 CTAs of 8 units a thread hold). With
+// `four_units`: 4 units a thread wherever up to 8 CTAs hold the row, or 16 CTAs when the rows'
+// 16 CTAs each still find an SM (rows * 16 <= sms); else 8 units on up to 8 CTAs.
+struct FewRowPlan {
+  int units_per_thread = 0, ranks = 0;
+};
+inline FewRowPlan few_row_plan(int64_t rows, int64_t units, int sms, bool four_units) {
+  if (rows < 1 || rows >= sms) return {};
+  if (four_units) {
+    const int max_ranks = rows * 16 <= sms ? 16 : 8;
+    if (const int ranks = cluster_ranks(rows, units, sms, 4, max_ranks)) return {4, ranks};
+  }
+  if (const int ranks = cluster_ranks(rows, units, sms, 8, 8)) return {8, ranks};
+  return {};
+}
+
+}  // namespace opforge::cuda::softmax

@@ -1,0 +1,100 @@
+// The launch plans of the few-row thread-block clusters, checked on the host: the norm family's
+// backward (ops/norm/cluster_plan.h) and the softmax family's (ops/softmax/cluster_plan.h). The
+// kernels trust them for their shared-memory bounds (at most 1,024 threads and two rows a thread
+// in the norm clusters) and for covering every pack of a row.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ops/norm/cluster_plan.h"
+#include "ops/softmax/cluster_plan.h"
+
+namespace opforge {
+namespace {
+
+using cuda::norm::bwd_cluster_plan;
+using cuda::norm::ClusterPlan;
+
+void expect_plan(const ClusterPlan& c, int ranks, int packs, int padded, int groups, int rows_per_thread) {
+  EXPECT_EQ(c.ranks, ranks);
+  EXPECT_EQ(c.packs, packs);
+  EXPECT_EQ(c.padded, padded);
+  EXPECT_EQ(c.groups, groups);
+  EXPECT_EQ(c.rows_per_thread, rows_per_thread);
+}
+
+TEST(ClusterPlan, NormBackwardShapes) {
+  // Hidden 4,096 bf16 (512 packs), 16 tokens: 16 CTAs of one warp's width of packs and 16 row
+  // groups, or 8 CTAs of 64 packs.
+  expect_plan(bwd_cluster_plan(16, 512, 16), 16, 32, 32, 16, 1);
+  expect_plan(bwd_cluster_plan(16, 512, 8), 8, 64, 64, 16, 1);
+  expect_plan(bwd_cluster_plan(32, 512, 8), 8, 64, 64, 16, 2);
+  expect_plan(bwd_cluster_plan(33, 512, 16), 16, 32, 32, 32, 2);
+  EXPECT_EQ(bwd_cluster_plan(33, 512, 8).ranks, 0);  // three rows a thread
+  // Short rows take fewer CTAs (a warp's width of packs each); a ragged last CTA.
+  expect_plan(bwd_cluster_plan(1, 128, 8), 4, 32, 32, 1, 1);
+  expect_plan(bwd_cluster_plan(3, 1, 16), 1, 1, 32, 3, 1);
+  expect_plan(bwd_cluster_plan(5, 1000, 8), 8, 125, 128, 5, 1);
+  // No rows, or a row longer than the CTAs hold: no plan.
+  EXPECT_EQ(bwd_cluster_plan(0, 512, 8).ranks, 0);
+  EXPECT_EQ(bwd_cluster_plan(16, 16384, 8).ranks, 0);   // 2,048 packs a CTA
+  EXPECT_EQ(bwd_cluster_plan(16, 16384, 16).ranks, 0);  // 1,024 packs a CTA, one row group
+}
+
+TEST(ClusterPlan, NormBackwardInvariants) {
+  for (int most : {8, 16})
+    for (int64_t n_packs : {1, 7, 31, 64, 100, 512, 513, 1000, 1024, 2048, 4096, 8192})
+      for (int64_t rows = 1; rows <= 70; ++rows) {
+        SCOPED_TRACE(std::to_string(most) + " CTAs, " + std::to_string(rows) + " x " + std::to_string(n_packs));
+        const ClusterPlan c = bwd_cluster_plan(rows, n_packs, most);
+        if (c.ranks == 0) continue;
+        EXPECT_LE(c.ranks, most);
+        EXPECT_EQ(c.ranks & (c.ranks - 1), 0);                    // a power of two
+        EXPECT_TRUE(c.ranks == 1 || n_packs >= int64_t(c.ranks) * 32);
+        EXPECT_GE(int64_t(c.ranks) * c.packs, n_packs);           // every pack has a CTA
+        EXPECT_EQ(c.padded % 32, 0);
+        EXPECT_GE(c.padded, c.packs);
+        EXPECT_LE(c.groups * c.padded, cuda::norm::kClusterMaxThreads);
+        EXPECT_LE(c.rows_per_thread, 2);
+        EXPECT_GE(int64_t(c.groups) * c.rows_per_thread, rows);  // every row has a slot
+        EXPECT_LE(int64_t(c.groups) * c.rows_per_thread, cuda::norm::kClusterMaxRows);
+      }
+}
+
+TEST(ClusterPlan, SoftmaxFewRows) {
+  using cuda::softmax::few_row_plan;
+  constexpr int kSms = 132;  // an H100 SXM / H200
+  auto expect = [](cuda::softmax::FewRowPlan p, int units, int ranks) {
+    EXPECT_EQ(p.units_per_thread, units);
+    EXPECT_EQ(p.ranks, ranks);
+  };
+  // bf16 rows in 16-byte units (8 elements): 128,256 -> 16,032 units; 32,000 -> 4,000; 4,096 -> 512.
+  expect(few_row_plan(16, 16032, kSms, true), 8, 8);   // 4 units would need 16 CTAs a row: 256 CTAs
+  expect(few_row_plan(1, 16032, kSms, true), 4, 16);   // 16 CTAs, each an SM of its own
+  expect(few_row_plan(8, 16032, kSms, true), 4, 16);   // 128 CTAs
+  expect(few_row_plan(9, 16032, kSms, true), 8, 8);    // 144 CTAs of 16 would not each find an SM
+  expect(few_row_plan(16, 4000, kSms, true), 4, 8);
+  expect(few_row_plan(16, 4000, kSms, false), 8, 8);   // OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8
+  expect(few_row_plan(16, 512, kSms, true), 4, 2);
+  // Not taken: as many rows as SMs, a row longer than 8 CTAs of 8 units hold, or a row one CTA
+  // holds with nothing to spread it over.
+  expect(few_row_plan(132, 512, kSms, true), 0, 0);
+  expect(few_row_plan(0, 512, kSms, true), 0, 0);
+  expect(few_row_plan(16, 32768, kSms, true), 0, 0);
+  expect(few_row_plan(1, 64, kSms, true), 0, 0);
+  // Every plan holds the row and spreads no further than the SMs allow once it holds it.
+  for (int64_t rows = 1; rows < kSms; ++rows)
+    for (int64_t units : {int64_t(1), int64_t(100), int64_t(512), int64_t(4000), int64_t(16032), int64_t(16384)})
+      for (bool four : {false, true}) {
+        const cuda::softmax::FewRowPlan p = few_row_plan(rows, units, kSms, four);
+        if (p.ranks == 0) continue;
+        EXPECT_TRUE(p.units_per_thread == 8 || (four && p.units_per_thread == 4));
+        EXPECT_GE(int64_t(p.ranks) * cuda::softmax::kClusterThreads * p.units_per_thread, units);
+        EXPECT_GE(p.ranks, 2);
+        EXPECT_LE(p.ranks, p.units_per_thread == 4 && rows * 16 <= kSms ? 16 : 8);
+      }
+}
+
+}  // namespace
+}  // namespace opforge
