@@ -11,6 +11,13 @@
 // accurate as the centred form; otherwise (an outlier first element) a second reduction of the
 // sums of d' = x - mean, d'^2 and g d' over the stage, which is still in shared memory, corrects
 // them. The ring kernel of cuda_fast.cu reduces every row twice (the mean, then the centred sums).
+// The row's reduction is Note [reduce-scatter block sum] (src/backends/cuda/cuda_launch.cuh): one
+// barrier and 6 shuffles a warp for the four sums, where four full butterflies and two barriers
+// were a third of the kernel's instructions; dx is taken as rstd g + nb xhat + ne with the row's
+// constants folded (nb = -rstd mean(g xhat), ne = -rstd mean(g)). This kernel issues more than
+// it waits in 16-bit types (f32, twice the bytes for the same instructions, was at 91% of copy
+// while bf16 was at 64%): on an H200 at 16,384 x 4,096 the two took bf16 149.2 -> 127.0 us (64.5%
+// -> 76% of copy), f16 144.2 -> 119.3 us (docs/perf/gpu-h200-2026-11-29-round21.md).
 //
 // The pipeline is Note [bulk-copy row pipeline] (ops/norm/cuda_backward_bulk.cu): a block keeps a
 // ring of up to 4 stages, each one row of x and of dy filled by two 1-D bulk copies completing on
@@ -58,7 +65,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
   constexpr int N = Pack<T>::n;
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ uint64_t full[kBulkMaxStages];
-  __shared__ float scratch[4 * 32];
+  __shared__ float scratch[2 * 4 * 32];
+  unsigned turn = 0;
   __shared__ float slice[kBwdMaxThreads];
   const int n_packs = int(a.hidden / N);
   const int threads = blockDim.x;
@@ -110,7 +118,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     };
     float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, sum d^2, sum g, sum g d; d = x - x[0]
     each(x0, [&](float d, float g) { add_row_sums(sums, d, g); });
-    block_sum_n<4>(sums, scratch);
+    block_sum_once<4>(sums, scratch, turn);
     // Every thread has finished the previous row, whose stage it read last (the reduction's block
     // barriers): refill that stage.
     if (threadIdx.x == 0 && row != rows.begin)
@@ -120,19 +128,21 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     CentredRow st = centred_row(sums, inv_h);
     if (!(sums[0] * st.shift <= 8.0f * st.m2)) {  // block-uniform; an outlier x[0] (or a NaN)
       c = x0 + st.shift;
-      float part[3] = {0.0f, 0.0f, 0.0f};  // sum d, d^2, g d with d = x - c
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, d^2, g d with d = x - c
       each(c, [&](float d, float g) {
         part[0] += d;
         part[1] += d * d;
         part[2] += g * d;
       });
-      block_sum_n<3>(part, scratch);  // block_sum_n ends on a barrier: the scratch is free again
+      block_sum_once<4>(part, scratch, turn);
       const float cs[4] = {part[0], part[1], sums[2], part[2]};  // sum g does not depend on c
       st = centred_row(cs, inv_h);
     }
     const float rstd = rstd_of(st.m2, a.hidden, a.eps);
     const float mean_g = sums[2] * inv_h;
     const float mean_gx = st.gd * rstd * inv_h;
+    // dx = rstd g - rstd mean_gx xhat - rstd mean_g, xhat = (x - c) rstd - shift rstd.
+    const float nb = -rstd * mean_gx, ne = -rstd * mean_g, nshift = -st.shift * rstd;
     T* dx = a.dx + row * a.dx_stride;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -143,10 +153,10 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
       Pack<T> out;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        const float xhat = ((to_f32(xp.v[j]) - c) - st.shift) * rstd;
         const float gy = to_f32(gp.v[j]);
-        out.v[j] = from_f32<T>(rstd * (gy * wf[k][j] - mean_g - xhat * mean_gx));
-        dw[k][j] += gy * xhat;
+        const float xhat = fmaf(to_f32(xp.v[j]) - c, rstd, nshift);
+        out.v[j] = from_f32<T>(fmaf(rstd, gy * wf[k][j], fmaf(xhat, nb, ne)));
+        dw[k][j] = fmaf(gy, xhat, dw[k][j]);
         db[k][j] += gy;
       }
       store_pack(dx + i * N, out);

@@ -123,11 +123,14 @@ __global__ void __launch_bounds__(kClusterMaxThreads)
     for (int s = 0; s < RT; ++s) c[s] = about[s];
   }
 
-  // dx and dw first; db (a sum of dy alone) after dw's column sums, so that its accumulators are
-  // not live beside dw's (the 1024-thread launch bound leaves 64 registers a thread).
-  float dw[N];
+  // dx and dw first. One row a thread: db (a sum of dy alone) beside dw, and both column sums in
+  // one pass where the stage holds both (blocks up to half the largest). Two rows a thread: db
+  // after dw's column sums, so that its accumulators are not live beside dw's (the 1024-thread
+  // launch bound leaves 64 registers a thread).
+  constexpr bool kJoint = RT == 1;
+  float acc[2][N];  // dw, db
 #pragma unroll
-  for (int j = 0; j < N; ++j) dw[j] = 0.0f;
+  for (int j = 0; j < N; ++j) acc[0][j] = acc[1][j] = 0.0f;
 #pragma unroll
   for (int s = 0; s < RT; ++s) {
     if (!live(s)) continue;
@@ -147,25 +150,33 @@ __global__ void __launch_bounds__(kClusterMaxThreads)
     for (int j = 0; j < N; ++j) {
       const float xhat = ((xf.v[j] - c[s]) - shift) * rstd;
       out.v[j] = rstd * (gf.v[j] * wf.v[j] - mean_g - xhat * mean_gx);
-      dw[j] += gf.v[j] * xhat;
+      acc[0][j] += gf.v[j] * xhat;
+      if constexpr (kJoint) acc[1][j] += gf.v[j];
     }
     store_pack(a.dx + row * a.dx_stride + col, narrow_pack(out));
   }
   const int first_pack = int(rank) * packs;
-  norm::cluster_column_sums(dw, stage, g, pl, padded, packs, groups, first_pack, n_packs,
-                            [&](int k, float v) { dw_out[int64_t(k) * dw_stride] = from_f32<T>(v); });
-  float db[N];
+  auto store = [&](int m, int k, float v) {
+    if (m == 0) dw_out[int64_t(k) * dw_stride] = from_f32<T>(v);
+    else db_out[int64_t(k) * db_stride] = from_f32<T>(v);
+  };
+  if (kJoint && 2 * int(blockDim.x) <= kClusterMaxThreads) {
+    norm::cluster_column_sums(acc, stage, g, pl, padded, packs, groups, first_pack, n_packs, store);
+  } else {
+    norm::cluster_column_sums(acc[0], stage, g, pl, padded, packs, groups, first_pack, n_packs,
+                              [&](int k, float v) { store(0, k, v); });
+    if constexpr (!kJoint) {
 #pragma unroll
-  for (int j = 0; j < N; ++j) db[j] = 0.0f;
+      for (int s = 0; s < RT; ++s) {
+        if (!live(s)) continue;
+        const PackFloats<T> gf = widen_pack(gp[s]);
 #pragma unroll
-  for (int s = 0; s < RT; ++s) {
-    if (!live(s)) continue;
-    const PackFloats<T> gf = widen_pack(gp[s]);
-#pragma unroll
-    for (int j = 0; j < N; ++j) db[j] += gf.v[j];
+        for (int j = 0; j < N; ++j) acc[1][j] += gf.v[j];
+      }
+    }
+    norm::cluster_column_sums(acc[1], stage, g, pl, padded, packs, groups, first_pack, n_packs,
+                              [&](int k, float v) { store(1, k, v); });
   }
-  norm::cluster_column_sums(db, stage, g, pl, padded, packs, groups, first_pack, n_packs,
-                            [&](int k, float v) { db_out[int64_t(k) * db_stride] = from_f32<T>(v); });
   cluster_wait();  // no CTA leaves while another may still read its partials
 }
 

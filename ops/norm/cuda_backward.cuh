@@ -255,7 +255,7 @@ inline ClusterPlan fitting_cluster_plan(int device_index, int64_t rows, int64_t 
 }
 
 // V sums of every row over the cluster. cta_row_sums: each thread's sums of its RT rows (row
-// g + s * groups in slot s) go through a warp butterfly, then the warps of a row group in order,
+// g + s * groups in slot s) go through a warp reduce-scatter, then the warps of a row group in order,
 // into `cta[row]` (this CTA's partial). After a cluster barrier, cluster_row_totals: thread
 // t < rows * V adds sum t % V of row t / V over the CTAs in rank order through distributed shared memory into
 // `total[t]`, so every CTA gets the same bits. The caller then arrives at the cluster barrier
@@ -268,15 +268,12 @@ template <int V, int RT> struct ClusterRowSums {
 template <int V, int RT>
 __device__ __forceinline__ void cta_row_sums(float (&s)[RT][V], ClusterRowSums<V, RT>& sh, int groups, int padded,
                                              int64_t rows) {
+  constexpr int G = 32 / V;  // Note [reduce-scatter block sum]: lane l ends with sum l / G of the warp
+  const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-#pragma unroll
-      for (int v = 0; v < V; ++v) s[r][v] += __shfl_xor_sync(0xffffffffu, s[r][v], offset);
-    if (threadIdx.x % 32 == 0)
-#pragma unroll
-      for (int v = 0; v < V; ++v) sh.warp[threadIdx.x / 32][r][v] = s[r][v];
+    const float t = warp_reduce_scatter<V>(s[r], lane);
+    if (lane % G == 0) sh.warp[threadIdx.x / 32][r][lane / G] = t;
   }
   __syncthreads();
   // Thread t < rows: row t = group t % groups, slot t / groups; its group's warps in order.
@@ -313,34 +310,47 @@ __device__ __forceinline__ void cluster_row_totals(cooperative_groups::cluster_g
   }
 }
 
-// Column sums of a cluster CTA's columns over its row groups: thread (g, p) holds in v[j] its
-// sum for column (pack p of the CTA, element j). One group: those are the totals. Else each
-// thread stages its N sums as [group][j][pack] in `stage` (kClusterMaxThreads * N floats;
-// consecutive threads, consecutive words), then thread t adds column (j, pack) = (t / padded,
-// t % padded) over the groups in order (padded x N columns summed in parallel, `groups` shared
-// loads each). out(column, total) stores a total. Ends on a block barrier when it staged (the
-// stage can be reused).
-template <int N, class Out>
-__device__ __forceinline__ void cluster_column_sums(const float (&v)[N], float* stage, int g, int pl, int padded,
+// Column sums of a cluster CTA's columns over its row groups, for M quantities at once (dw, or dw
+// and db): thread (g, p) holds in v[m][j] its sum of quantity m for column (pack p of the CTA,
+// element j). One group: those are the totals. Else each thread stages its M x N sums as
+// [group][m][j][pack] in `stage` (groups * padded * M * N floats, at most kClusterMaxThreads * N;
+// consecutive threads, consecutive words), then thread t adds column (m, j, pack) =
+// (t / padded / N, t / padded % N, t % padded) over the groups in order (padded x M x N columns
+// summed in parallel, `groups` shared loads each: one barrier pair for all M). out(m, column,
+// total) stores a total. Ends on a block barrier when it staged (the stage can be reused).
+template <int M, int N, class Out>
+__device__ __forceinline__ void cluster_column_sums(const float (&v)[M][N], float* stage, int g, int pl, int padded,
                                                     int packs, int groups, int first_pack, int n_packs,
                                                     Out out) {
   if (groups == 1) {
     if (pl < packs && first_pack + pl < n_packs)
 #pragma unroll
-      for (int j = 0; j < N; ++j) out((first_pack + pl) * N + j, v[j]);
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int j = 0; j < N; ++j) out(m, (first_pack + pl) * N + j, v[m][j]);
     return;
   }
 #pragma unroll
-  for (int j = 0; j < N; ++j) stage[(g * N + j) * padded + pl] = v[j];
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int j = 0; j < N; ++j) stage[((g * M + m) * N + j) * padded + pl] = v[m][j];
   __syncthreads();
-  for (int c = threadIdx.x; c < padded * N; c += blockDim.x) {
-    const int j = c / padded, cp = c % padded, cpack = first_pack + cp;
+  for (int c = threadIdx.x; c < padded * M * N; c += blockDim.x) {
+    const int mj = c / padded, cp = c % padded, cpack = first_pack + cp;
     if (cp >= packs || cpack >= n_packs) continue;
     float sum = 0.0f;
-    for (int h = 0; h < groups; ++h) sum += stage[(h * N + j) * padded + cp];
-    out(cpack * N + j, sum);
+    for (int h = 0; h < groups; ++h) sum += stage[(h * M * N + mj) * padded + cp];
+    out(mj / N, cpack * N + mj % N, sum);
   }
   __syncthreads();
+}
+// One quantity: out(column, total).
+template <int N, class Out>
+__device__ __forceinline__ void cluster_column_sums(const float (&v)[N], float* stage, int g, int pl, int padded,
+                                                    int packs, int groups, int first_pack, int n_packs,
+                                                    Out out) {
+  cluster_column_sums(reinterpret_cast<const float(&)[1][N]>(v), stage, g, pl, padded, packs, groups, first_pack,
+                      n_packs, [&](int, int column, float total) { out(column, total); });
 }
 
 // Note [bulk-copy row pipeline] (cuda_backward_bulk.cu): runs the many-row vec16 backward through

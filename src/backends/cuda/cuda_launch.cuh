@@ -204,8 +204,12 @@ void launch_cluster(const Context& ctx, const char* what, void (*kernel)(Params.
 
 // The two halves of a cluster barrier: arrive once this CTA has read the others' shared memory,
 // wait before leaving (a CTA's shared memory must outlive the other CTAs' reads of it). Work
-// between the two (a CTA's stores) overlaps the other CTAs' arrival.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+// between the two (a CTA's stores) overlaps the other CTAs' arrival. The arrive is relaxed: it
+// publishes nothing (cluster.sync() does that where partials are exchanged), it only says that
+// the remote reads are done, and they are: their values are used (stored into this CTA's shared
+// memory) before it, so the loads have returned. A release arrive waits for every earlier memory
+// access of the thread, its global stores too (the norm clusters' largest stall after barriers).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 // Asynchronous 16-byte copies global -> shared (cp.async, LDGSTS; compute capability 8.0 on),
@@ -440,6 +444,57 @@ template <int N> __device__ __forceinline__ void block_sum_n(float (&v)[N], floa
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] = group_sum<32>(lane < n_warps ? scratch[i * 32 + lane] : 0.0f);
   __syncthreads();
+}
+
+// Note [reduce-scatter block sum]: N sums (N = 1, 2 or 4) over the block with one barrier and
+// about a third of block_sum_n's shuffles, for kernels that reduce once a row and do little else
+// a row (the norm backwards' row pipelines, where the reduction was a third of the instructions).
+// Inside a warp, the first log2 N butterfly steps trade half of the values: at offset o a lane
+// with bit o set keeps the upper half and sends the lower, its partner the other way round, so
+// each step halves the values a lane holds (N = 4: 2 + 1 + 3 shuffles against 20). Lane l then
+// holds sum q = l / (32 / N) of the warp, the same bits across its group of 32 / N lanes. The
+// warps' partials go through shared memory, each group of lanes adds value q's partials of every
+// warp (a lane a few, then a butterfly over the group) and every lane takes the N totals from the
+// groups' first lanes: fixed order, the same bits in every thread. `scratch` holds 2 * N * 32
+// floats used in turns (`turn` flips each call), so no trailing barrier is needed: the one barrier
+// of the next call separates this call's reads from the writes of the call after it. Every thread
+// of the block calls it, the same number of times.
+template <int N> __device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane) {
+  static_assert(N == 1 || N == 2 || N == 4, "warp_reduce_scatter: N is 1, 2 or 4");
+  int offset = 16;
+#pragma unroll
+  for (int m = N; m > 1; m /= 2, offset /= 2) {
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < m / 2; ++i) {
+      const float send = upper ? v[i] : v[i + m / 2];
+      const float keep = upper ? v[i + m / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+  float r = v[0];
+#pragma unroll
+  for (; offset > 0; offset /= 2) r += __shfl_xor_sync(0xffffffffu, r, offset);
+  return r;
+}
+template <int N> __device__ __forceinline__ void block_sum_once(float (&v)[N], float* scratch, unsigned& turn) {
+  constexpr int G = 32 / N;  // lanes a value
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  float* buf = scratch + (turn & 1u) * (N * 32);
+  ++turn;
+  const int q = lane / G;
+  const float r = warp_reduce_scatter<N>(v, lane);
+  if (lane % G == 0) buf[q * 32 + warp] = r;
+  __syncthreads();
+  float t = 0.0f;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {  // n_warps <= 32 = N * G
+    const int w = lane % G + k * G;
+    if (w < n_warps) t += buf[q * 32 + w];
+  }
+  t = group_sum<G>(t);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = __shfl_sync(0xffffffffu, t, i * G);
 }
 
 // Note [grid barrier]: every block of a cooperative launch (cudaLaunchAttributeCooperative, so all
