@@ -17,8 +17,13 @@
 //  - dx from registers, xhat = ((x - c) - shift) * rstd (Note [backward centring],
 //    cuda_backward.cuh); dw and db of the CTA's columns are complete inside the CTA (it holds
 //    every row of them): the row groups' sums are added in group order in shared memory and
-//    written once. No workspace, no grid barrier, one launch; the bits depend only on the inputs
-//    and the shape.
+//    written once, dw and db in one pass where a thread holds one row (`cluster_column_sums` of
+//    two quantities). No workspace, no grid barrier, one launch; the bits depend only on the
+//    inputs and the shape.
+// The warps' row sums go through Note [reduce-scatter block sum] (6 shuffles a warp for the four
+// sums instead of 20), the arrive after the remote reads is relaxed (cluster_arrive), and dw / db
+// share one column-sum pass: 16 x 4,096 bf16 on an H200 4.60 -> 4.14 us, 1 x 4,096 2.75 -> 2.51
+// (docs/perf/gpu-h200-2026-11-29-round21.md).
 // Taken up to 16 rows (more go to the ring kernel, which spreads them over more SMs) with at most
 // two rows a thread; compute capability 9.0
 // on (Note [cluster launch]); OPFORGE_CUDA_CLUSTER_ROWS=0 turns it off with the other few-row
@@ -184,8 +189,8 @@ __global__ void __launch_bounds__(kClusterMaxThreads)
 
 // Rows up to which the cluster is taken. Beyond, the ring kernel spreads the rows over more SMs
 // than the cluster's 8 and wins: H200, 48 x 1,024, f32 5.9 against 7.8 us, bf16 6.5 against 8.9;
-// at 16 x 4,096 bf16 the cluster takes 4.6 against 6.8, at 16 x 8,192 6.0 against 9.6
-// (16 CTAs; docs/perf/gpu-h200-2026-11-28-round20.md).
+// at 16 x 4,096 bf16 the cluster took 4.6 against 6.8 (4.14 since round 21), at 16 x 8,192 6.0
+// against 9.6 (16 CTAs; docs/perf/gpu-h200-2026-11-28-round20.md).
 constexpr int64_t kMaxRows = 16;
 
 template <class T>

@@ -52,7 +52,7 @@
 //    arithmetic, not the loads in flight, bound the kernel).
 //  - A handful of rows (up to 16, at most two a thread of one cluster) goes to one
 //    thread-block cluster instead (Note [few-row layer_norm backward cluster],
-//    cuda_backward_cluster.cu; bf16 16 x 4,096 on an H200: 6.8 -> 4.6 us, 1 x 4,096 6.2 -> 2.75).
+//    cuda_backward_cluster.cu; bf16 16 x 4,096 on an H200: 6.8 -> 4.14 us, 1 x 4,096 6.2 -> 2.51).
 //  - From 4 rows an SM on the call goes instead to the bulk-copy pipeline with one reduction a row
 //    (Note [layer_norm backward in one reduction], cuda_backward_bulk.cu; bf16 16,384 x 4,096:
 //    162 -> 149 us), except f32 from 16 rows an SM on, which stays here (212 against 224 us).
