@@ -65,8 +65,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ uint64_t full[kBulkMaxStages];
   __shared__ float scratch[2 * 2 * 32];
-  unsigned turn = 0;
   __shared__ float slice[kBwdMaxThreads];
+  unsigned turn = 0;  // block_sum_once's scratch half
   const int n_packs = int(a.hidden / N);
   const int threads = blockDim.x;
   const uint32_t row_bytes = uint32_t(a.hidden) * uint32_t(sizeof(T));
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     }
     block_sum_once<2>(sums, scratch, turn);
     // Every thread has finished the previous row, whose stage it read last (the reduction's block
-    // barriers): refill that stage. This row's stage is read again for dx below.
+    // barrier): refill that stage. This row's stage is read again for dx below.
     if (threadIdx.x == 0 && row != rows.begin)
       issue(row + (stages - 1) * rows.step, s == 0 ? stages - 1 : s - 1);
     const BwdRow<T> p = bwd_row<T, kFused>(a, row);
