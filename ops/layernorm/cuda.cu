@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(512) layer_norm_rows_kernel(FwdArgs<T> a) {
     block_sum_n<2>(cs, scratch2);
     const float shift = cs[0] / float(a.hidden);
     const float mean = mean0 + shift;
-    const float rstd = rstd_of(fmaxf(cs[1] - cs[0] * shift, 0.0f), a.hidden, a.eps);
+    const float rstd = rstd_of<T>(fmaxf(cs[1] - cs[0] * shift, 0.0f), a.hidden, a.eps);
     T* y = a.y + row * a.y_stride;
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
       const float bias = a.b ? to_f32(a.b[c * a.b_stride]) : 0.0f;
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(R == 1 ? kFwdMaxThreads : 512, R == 1 ? 1 : 2)
     for (int r = 0; r < R; ++r) {
       const int64_t row = base + int64_t(r) * slots + threadIdx.x / threads;
       if (row >= a.rows) continue;
-      const float rstd = rstd_of(v[r], a.hidden, a.eps);
+      const float rstd = rstd_of<T>(v[r], a.hidden, a.eps);
       T* y = a.y + row * a.y_stride;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_rows_kernel(BwdArgs<T> a, 
       add_row_sums(s, to_f32(x[c]) - mean0, to_f32(dy[c]) * to_f32(a.w[c * a.w_stride]));
     block_sum_n<4>(s, scratch);
     const CentredRow st = centred_row(s, inv_h);  // Note [backward centring]
-    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float rstd = rstd_of<T>(st.m2, a.hidden, a.eps);
     const float mean_g = s[2] * inv_h, mean_gx = st.gd * rstd * inv_h;
     T* dx = a.dx + row * a.dx_stride;
     for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads) layer_norm_bwd_vec_kernel(BwdA
     }
     block_sum_n<4>(s, scratch);
     const CentredRow st = centred_row(s, inv_h);  // Note [backward centring]
-    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float rstd = rstd_of<T>(st.m2, a.hidden, a.eps);
     const float mean_g = s[2] * inv_h, mean_gx = st.gd * rstd * inv_h;
     T* dx = a.dx + row * a.dx_stride;
 #pragma unroll

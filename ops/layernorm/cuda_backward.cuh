@@ -8,9 +8,10 @@
 
 namespace opforge::cuda {
 
-// 1 / sqrt(var + eps) of a row from its centred sum of squares: layer_norm's every CUDA kernel.
-__device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
-  return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
+// 1 / sqrt(var + eps) of a row from its centred sum of squares: layer_norm's every CUDA kernel
+// (Note [row rsqrt]).
+template <class T> __device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
+  return row_scale_rsqrt<T>(centred_sum_sq, hidden, eps);
 }
 
 // Note [backward centring]: the layer_norm backward kernels reduce each row about a point c near

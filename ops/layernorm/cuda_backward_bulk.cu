@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
       const float cs[4] = {part[0], part[1], sums[2], part[2]};  // sum g does not depend on c
       st = centred_row(cs, inv_h);
     }
-    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float rstd = rstd_of<T>(st.m2, a.hidden, a.eps);
     const float mean_g = sums[2] * inv_h;
     const float mean_gx = st.gd * rstd * inv_h;
     // dx = rstd g - rstd mean_gx xhat - rstd mean_g, xhat = (x - c) rstd - shift rstd.

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads)
       cs[0] = u[0], cs[1] = u[1], cs[3] = u[3];
     }
     const CentredRow st = centred_row(cs, inv_h);
-    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float rstd = rstd_of<T>(st.m2, a.hidden, a.eps);
     const float mean_g = cs[2] * inv_h, mean_gx = st.gd * rstd * inv_h, shift = st.shift;
     const PackFloats<T> xf = widen_pack(xp[s]), gf = widen_pack(gp[s]), wf = widen_pack(wp);
     PackFloats<T> out;

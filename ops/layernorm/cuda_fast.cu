@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_rowblock_kernel(FwdArg
       mean += shift;
       centred_sq = cs[1] - cs[0] * shift;
     }
-    const float rstd = rstd_of(fmaxf(centred_sq, 0.0f), a.hidden, a.eps);
+    const float rstd = rstd_of<T>(fmaxf(centred_sq, 0.0f), a.hidden, a.eps);
     T* y = a.y + row * a.y_stride;
     // Note [word-wise packs]: for 16-bit types x, w and b widen by 32-bit words (widen_pack), the
     // output rounds by pairs (narrow_pack) and the bias is a template argument (kBias) rather
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
           add_row_sums(s, to_f32(xp[k].v[j]) - mean0, to_f32(gp[k].v[j]) * to_f32(wp[k].v[j]));
     team_sum<4>(s, scratch_rest);
     const CentredRow st = centred_row(s, inv_h);  // Note [backward centring] (cuda_backward.cuh)
-    const float rstd = rstd_of(st.m2, a.hidden, a.eps);
+    const float rstd = rstd_of<T>(st.m2, a.hidden, a.eps);
     const float mean_g = s[2] * inv_h;
     const float mean_gx = st.gd * rstd * inv_h;
 #pragma unroll
