@@ -584,6 +584,24 @@ TEST(CpuTiling, CapacityBlockIsTheLargestFittingPowerOfTwo) {
   std::printf("cpu: %s; SIMD target %s\n", info.str().c_str(), cpu::simd_target_name().c_str());
 }
 
+TEST(CpuTiling, PartialChunksJoinWholeTilesUpToTheBound) {
+  // Note [bounded partials]: 16,384 rows in 8-row tiles (2,048 tiles) -> chunks of 16 tiles.
+  const cpu::RowTasks big = cpu::partial_chunks({16384, 8});
+  EXPECT_EQ(big.rows_per_task, 128);
+  EXPECT_EQ(big.count(), cpu::kMaxPartialChunks);
+  EXPECT_EQ(big.end(big.count() - 1), 16384);
+  // 1,000 tiles of 3 rows: 8 tiles a chunk (24 rows), 125 chunks, the last one short.
+  const cpu::RowTasks odd = cpu::partial_chunks({2999, 3});
+  EXPECT_EQ(odd.rows_per_task, 24);
+  EXPECT_EQ(odd.count(), 125);
+  EXPECT_EQ(odd.end(124) - odd.begin(124), 2999 - 124 * 24);
+  // Within the bound: the tiles unchanged; no rows: no chunks.
+  EXPECT_EQ(cpu::partial_chunks({1024, 16}).rows_per_task, 16);
+  EXPECT_EQ(cpu::partial_chunks({0, 8}).count(), 0);
+  for (int64_t rows : {1, 127, 128, 129, 4097, 100000})
+    EXPECT_LE(cpu::partial_chunks({rows, 1}).count(), cpu::kMaxPartialChunks) << rows;
+}
+
 TEST(CpuTiling, BalancedTasksAreAMultipleOfTheThreadsAndNoLargerThanTheBlock) {
   const int saved = cpu::set_thread_count_for_testing(2);
   const cpu::RowTasks three = cpu::balanced({192, 64});  // 3 blocks -> 4 tasks of 48 rows

@@ -26,9 +26,9 @@
 // - The backward's row sums (sum g with g = dy * w in the read pass; sum g c in the centred pass)
 //   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory.
 // - OpenMP over tasks (parallel_tasks: one task means no parallel region, so decode rows pay no
-//   fork). Backward dw / db: each chunk of rows (a count from Note [tiling], never per thread)
-//   owns an f32 partial row; the partials are added in chunk order in f64 (Note [ordered
-//   partials]).
+//   fork). Backward dw / db: each chunk of rows (whole tiles of Note [tiling], at most
+//   cpu::kMaxPartialChunks: Note [bounded partials]; never per thread) owns an f32 partial row;
+//   the partials are added in chunk order in f64 (Note [ordered partials]).
 //   group_norm: each (n, group) task writes per-channel partials of row n; they are summed over
 //   n in order. Both are deterministic and independent of the thread count.
 // Tolerance: the backward kernels declare f32 atol = rtol = 1e-4 (layernorm.cpp,
@@ -561,7 +561,8 @@ void layer_norm_backward_cpu(const Context&, const TensorView& dx, const TensorV
   a.dy_stride = dy.row_stride();
   a.dx = dx.data;
   a.dx_stride = dx.row_stride();
-  const cpu::RowTasks chunks = tasks_of(x.rows(), a.hidden, 3, x.itemsize());
+  // Note [bounded partials]: whole tiles per chunk, at most cpu::kMaxPartialChunks partial rows.
+  const cpu::RowTasks chunks = cpu::partial_chunks(tasks_of(x.rows(), a.hidden, 3, x.itemsize()));
   const int64_t n_chunks = chunks.count(), hidden = a.hidden;
   auto dw_parts = floats(n_chunks * hidden), db_parts = floats(n_chunks * hidden);
   auto* chunk_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::layer_norm_backward_chunk);

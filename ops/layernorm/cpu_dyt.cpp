@@ -12,9 +12,10 @@
 //   it reaches the copy ceiling depends on the tanh's cost per element against the memory
 //   bandwidth per core (see the measurements in the family's report).
 // - OpenMP over tasks of rows from capacity_block (Note [tiling]). Backward: each chunk of rows
-//   (a count from Note [tiling], never per thread) sums dgamma and dbeta into its own f32
-//   partial rows and dalpha into its own f32 slot; the chunks are added in chunk order in f64
-//   (Note [ordered partials] in cpu.cpp: deterministic, independent of the thread count).
+//   (whole tiles, at most cpu::kMaxPartialChunks: Note [bounded partials]; never per thread)
+//   sums dgamma and dbeta into its own f32 partial rows and dalpha into its own f32 slot; the
+//   chunks are added in chunk order in f64 (Note [ordered partials] in cpu.cpp: deterministic,
+//   independent of the thread count).
 // Tolerance: the backward kernels declare f32 atol = rtol = 1e-4 (layernorm.cpp,
 // cpu_backward_desc): their parameter gradients are long sums of f32 terms.
 #undef HWY_TARGET_INCLUDE
@@ -165,7 +166,7 @@ void dyt_backward_cpu(const Context&, const TensorView& dx, const TensorView& da
   a.dy_stride = dy.row_stride();
   a.dx = dx.data;
   a.dx_stride = dx.row_stride();
-  const cpu::RowTasks chunks = row_tasks(x, 3);
+  const cpu::RowTasks chunks = cpu::partial_chunks(row_tasks(x, 3));  // Note [bounded partials]
   const int64_t n_chunks = chunks.count(), hidden = a.hidden;
   const size_t part_len = size_t(std::max<int64_t>(n_chunks * hidden, 1));
   std::unique_ptr<float[]> dgamma_parts(new float[part_len]), dbeta_parts(new float[part_len]);

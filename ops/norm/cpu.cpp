@@ -28,11 +28,13 @@
 //   the gain are finite (then no lane of y is NaN); tasks of fewer than 4 rows do not check.
 // - OpenMP over tasks of rows; rows per task from capacity_block (Note [tiling]) so one task's
 //   rows fit half of a core's L2. One task means no OpenMP region (decode rows cost no fork).
-// - Backward dw: each chunk of rows (a fixed count from Note [tiling], never per thread) sums
+// - Backward dw: each chunk of rows (whole tiles of Note [tiling], at most
+//   cpu::kMaxPartialChunks chunks: Note [bounded partials] in tiling.h; never per thread) sums
 //   dy * x * rstd into its own f32 partial row; the partials are then added in chunk order,
-//   vectorised over columns. Deterministic, and independent of the thread count. The partials
-//   cost 8 bytes per column per chunk on top of the rows' bytes: a few % with a 2 MiB L2 at
-//   hidden 4096 (16-row chunks), more on small-L2 machines, where chunks are shorter.
+//   vectorised over columns. Deterministic, and independent of the thread count. With a chunk
+//   per tile the partials grew with the rows (2,048 of them at 16,384 x 4,096 with 8-row tiles):
+//   fused_add_rms_norm_backward bf16 there took 51-62 ms, 34-40 ms with the bound (Zen 4 VM,
+//   2026-11-29, same run; docs/perf/cpu.md).
 //
 // Measured before the pair steps and streaming stores (16-core Xeon VM, AVX-512 target, 16
 // threads; a parallel copy reached 220 GB/s in L3 and 95 GB/s from DRAM in the same run; shared
@@ -419,7 +421,8 @@ void run_forward(const NormForwardRows& a, const cpu::RowTasks& blocks) {
 }
 
 // Backward: chunk partials, then the ordered reduction over columns into dw.
-void run_backward(const NormBackwardRows& a, const cpu::RowTasks& chunks, const TensorView& dw) {
+void run_backward(const NormBackwardRows& a, const cpu::RowTasks& tiles, const TensorView& dw) {
+  const cpu::RowTasks chunks = cpu::partial_chunks(tiles);  // Note [bounded partials]
   const int64_t hidden = a.hidden, n_chunks = chunks.count();
   std::unique_ptr<float[]> partials(new float[size_t(std::max<int64_t>(n_chunks * hidden, 1))]);
   auto* chunk_fn = HWY_DYNAMIC_DISPATCH(norm_cpu::norm_backward_chunk);

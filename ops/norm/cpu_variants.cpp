@@ -408,7 +408,8 @@ void rms_norm_gated_backward_cpu(const Context&, const TensorView& dx, const Ten
   a.dz = dz.data;
   a.dz_stride = dz.row_stride();
   const int64_t hidden = a.hidden;
-  const cpu::RowTasks chunks = row_tasks(x, 5 * x.itemsize());  // dy, x, z in; dx, dz out
+  // dy, x, z in; dx, dz out; Note [bounded partials].
+  const cpu::RowTasks chunks = cpu::partial_chunks(row_tasks(x, 5 * x.itemsize()));
   const int64_t n_chunks = chunks.count();
   std::unique_ptr<float[]> partials(new float[size_t(std::max<int64_t>(n_chunks * hidden, 1))]);
   auto* chunk_fn = HWY_DYNAMIC_DISPATCH(norm_variants_cpu::gated_backward_chunk);

@@ -34,6 +34,12 @@ RowTasks row_blocks(int64_t rows, const TileSpec& spec) {
   return t;
 }
 
+RowTasks partial_chunks(RowTasks tiles) {
+  const int64_t tiles_per_chunk = std::max<int64_t>(1, ceil_div(tiles.count(), kMaxPartialChunks));
+  tiles.rows_per_task *= tiles_per_chunk;
+  return tiles;
+}
+
 namespace {
 int max_threads() {
 #ifdef _OPENMP

@@ -74,6 +74,17 @@ RowTasks row_blocks(int64_t rows, const TileSpec& spec);
 // thread count.
 RowTasks balanced(RowTasks tasks);
 
+// Note [bounded partials]: a backward kernel that sums a parameter gradient over rows gives each
+// chunk of rows one f32 partial row and adds the partials in chunk order (deterministic: the
+// chunks depend on the shape and the cache sizes, never on the thread count). Chunks of one tile
+// (Note [tiling]) made the partials grow with the rows: at 16,384 x 4,096, 8-row tiles gave 2,048
+// partial rows (32 MB of f32, as much as two inputs in bf16), allocated, faulted in and read back
+// on every call. partial_chunks() joins whole tiles into at most kMaxPartialChunks chunks, each
+// still processed one row at a time in order, so the partials stay within kMaxPartialChunks rows
+// and the order of the sums stays fixed.
+inline constexpr int64_t kMaxPartialChunks = 128;
+RowTasks partial_chunks(RowTasks tiles);
+
 // Bytes a thread must move before a call is spread over threads (Note [balanced tasks]): measured
 // on the 2-core Xeon machine (docs/perf/cpu.md); tuning runs override it with
 // OPFORGE_CPU_MIN_PARALLEL_BYTES (bytes, 1 .. 2^30, "32K" style accepted).
