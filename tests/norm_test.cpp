@@ -17,6 +17,7 @@
 #include "backends/cpu/tiling.h"
 #include "opforge/error.h"
 #include "opforge/registry.h"
+#include "ops/layernorm/internal.h"
 #include "ops/norm/internal.h"
 #include "tests/test_util.h"
 
@@ -304,6 +305,10 @@ TEST(NormCpu, StreamingStoresMatchPlainStores) {
     fused_add_rms_norm_backward_cpu(kCtx, ys, ss, dws, dys, dss, xs, rs, w, 1e-6, 0.0);
     EXPECT_TRUE(same_bytes(head(y), ys));
     EXPECT_TRUE(same_bytes(head(s), ss));
+    Tensor db = make({hidden}, t), dbs = make({hidden}, t);  // layer_norm_backward streams dx too
+    layer_norm_backward_cpu(kCtx, y, dw, db, dy, x, w, 1e-5);
+    layer_norm_backward_cpu(kCtx, ys, dws, dbs, dys, xs, w, 1e-5);
+    EXPECT_TRUE(same_bytes(head(y), ys));
   }
   cpu::set_l3_bytes_for_testing(saved);
 }

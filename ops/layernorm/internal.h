@@ -77,8 +77,8 @@ struct LayerNormRows {
   int64_t dy_stride = 0;
   void* dx = nullptr;  // backward
   int64_t dx_stride = 0;
-  bool stream = false;  // forward: Note [streaming stores] for y
-  int64_t rows = 0;     // forward: rows of the call (the next-row prefetch crosses tasks)
+  bool stream = false;  // Note [streaming stores] for y (forward) or dx (backward)
+  int64_t rows = 0;     // rows of the call (the next-row prefetch crosses tasks)
 };
 
 // group_norm (forward: dy == nullptr) or its backward; every tensor contiguous. Group (n, g) is
