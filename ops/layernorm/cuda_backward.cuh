@@ -11,7 +11,8 @@ namespace opforge::cuda {
 // 1 / sqrt(var + eps) of a row from its centred sum of squares: layer_norm's every CUDA kernel
 // (Note [row rsqrt]).
 template <class T> __device__ __forceinline__ float rstd_of(float centred_sum_sq, int64_t hidden, float eps) {
-  return row_scale_rsqrt<T>(centred_sum_sq, hidden, eps);
+  if constexpr (std::is_same_v<T, float>) return 1.0f / sqrtf(centred_sum_sq / float(hidden) + eps);
+  else return row_rsqrt(fmaf(centred_sum_sq, 1.0f / float(hidden), eps));  // 1 / hidden: hoisted
 }
 
 // Note [backward centring]: the layer_norm backward kernels reduce each row about a point c near

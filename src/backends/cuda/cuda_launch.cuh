@@ -506,20 +506,16 @@ template <int N> __device__ __forceinline__ void block_sum_once(float (&v)[N], f
 // estimate (inf, 0, NaN: the exact answers, which the Newton step would turn into NaN).
 // On an H200 (docs/perf/gpu-h200-2026-11-29-round22.md, same call): layer_norm_backward bf16
 // 16,384 x 4,096 126.6 -> 116.5 us (76% -> 83% of copy), f16 120.3 -> 113.8 us, layer_norm at
-// 1,024 tokens 5.25 -> 5.14 us. f32 keeps the correctly rounded form (row_scale_rsqrt<float>):
-// with the estimate, layer_norm_backward's f32 dw over 2,400 rows of mean 100 missed its 1e-4
-// tolerance (4.6e-4), and the f32 kernels are bound by memory, not by these instructions. The
-// rms_norm family keeps 1.0f / sqrtf too: its bulk-copy pipeline measured 6% slower with the
-// estimate (116 against 110 us at 16,384 x 4,096, two repetitions), for a reason not found.
+// 1,024 tokens 5.25 -> 5.14 us. f32 keeps the correctly rounded form (rstd_of<float>,
+// ops/layernorm/cuda_backward.cuh): with the estimate, layer_norm_backward's f32 dw over 2,400
+// rows of mean 100 missed its 1e-4 tolerance (4.6e-4), and the f32 kernels are bound by memory,
+// not by these instructions. The rms_norm family keeps 1.0f / sqrtf too: its bulk-copy pipeline
+// measured 6% slower with the estimate (116 against 110 us at 16,384 x 4,096, two repetitions),
+// for a reason not found.
 __device__ __forceinline__ float row_rsqrt(float v) {
   const float r = rsqrtf(v);
   const float refined = r * fmaf(-0.5f * v * r, r, 1.5f);
   return (v > 0.0f && v <= 3.402823466e38f) ? refined : r;
-}
-// 1 / sqrt(sum / n + eps), the rstd of a row of n elements from its (centred) sum of squares.
-template <class T> __device__ __forceinline__ float row_scale_rsqrt(float sum, int64_t n, float eps) {
-  if constexpr (std::is_same_v<T, float>) return 1.0f / sqrtf(sum / float(n) + eps);
-  else return row_rsqrt(fmaf(sum, 1.0f / float(n), eps));  // 1 / n: hoisted out of row loops
 }
 
 // Note [grid barrier]: every block of a cooperative launch (cudaLaunchAttributeCooperative, so all
