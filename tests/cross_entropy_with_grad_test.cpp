@@ -228,7 +228,16 @@ TEST(CrossEntropyWithGrad, ClusterPlan) {
   EXPECT_EQ(p.slice, 32064);
   EXPECT_EQ(p.smem_bytes, 64128);
   EXPECT_EQ(p.why, nullptr);
-  EXPECT_EQ(ce_grad_cluster_plan(128256, 4, 4, 9, optin, target).cluster, 8);  // f32: 8 x 62.6 KB
+  EXPECT_EQ(ce_grad_cluster_plan(128256, 4, 4, 9, optin, target).cluster, 7);  // f32: 7 x 71.6 KB
+  // Qwen's vocabulary in bf16 (297 KB a row): 5 CTAs of 59.4 KB (any count, not only powers of 2).
+  p = ce_grad_cluster_plan(151936, 2, 8, 9, optin, target);
+  EXPECT_EQ(p.cluster, 5);
+  EXPECT_EQ(p.slice, 30392);
+  // A quarter of the SM as the target: 5 CTAs of 50.1 KB for Llama-3's bf16 row.
+  EXPECT_EQ(ce_grad_cluster_plan(128256, 2, 8, 9, optin, 233472 / 4 - 2048).cluster, 5);
+  // A forced size is taken whenever its slice fits a CTA.
+  EXPECT_EQ(ce_grad_cluster_plan(128256, 2, 8, 9, optin, target, 3).cluster, 3);
+  EXPECT_EQ(ce_grad_cluster_plan(128256, 2, 8, 9, optin, target, 1).cluster, 4);  // 256 KB: does not fit
   EXPECT_EQ(ce_grad_cluster_plan(32000, 2, 8, 9, optin, target).cluster, 1);   // 62.5 KB: one CTA
   EXPECT_EQ(ce_grad_cluster_plan(1, 4, 1, 9, optin, target).cluster, 1);
   // Single elements: slices round up; the last CTA's is short.

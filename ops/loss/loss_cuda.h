@@ -87,12 +87,13 @@ const char* cross_entropy_with_grad_cuda_cluster_vec16_applicable(
 // Note [ce with grad clusters]: how cross_entropy_with_grad's cluster kernels cut a row of `vocab`
 // elements of `itemsize` bytes, read `unit` elements at a time (8 or 4 for 16-byte packs, 1 for
 // single elements), over the CTAs of a cluster (plain host arithmetic, so tests run it without a
-// GPU). The row must sit in the cluster's shared memory: `cluster` CTAs (1, 2, 4 or 8: 8 is the
-// portable maximum) of `slice` elements each, a multiple of `unit`. The smallest cluster whose
+// GPU). The row must sit in the cluster's shared memory: `cluster` CTAs (1 to 8: 8 is the portable
+// maximum; any count, so slices come close to the target) of `slice` elements each, a multiple of
+// `unit`. The smallest cluster whose
 // slice fits `target_bytes` (what leaves room for three CTAs per SM: their phases, copy in,
 // reduce, write out, then overlap) wins; else the smallest whose slice fits `optin_bytes` (a CTA's
-// most dynamic shared memory); else none (cluster 0, `why` says so). `forced` (1, 2, 4 or 8; 0
-// for none; OPFORGE_CE_GRAD_CLUSTER in the kernels) takes that cluster size when its slice fits
+// most dynamic shared memory); else none (cluster 0, `why` says so). `forced` (1 to 8; 0 for
+// none; OPFORGE_CE_GRAD_CLUSTER in the kernels) takes that cluster size when its slice fits
 // `optin_bytes`, as a tuning override. compute capability < 9.0 has no clusters: cluster 0.
 struct CeGradClusterPlan {
   int cluster = 0;           // CTAs per row; 0: no cluster kernel for this row
@@ -115,11 +116,11 @@ inline CeGradClusterPlan ce_grad_cluster_plan(int64_t vocab, int64_t itemsize, i
     plan.smem_bytes = (plan.slice * itemsize + 15) / 16 * 16;
     return plan;
   };
-  if (forced == 1 || forced == 2 || forced == 4 || forced == 8)
+  if (forced >= 1 && forced <= 8)
     if (slice_of(forced) * itemsize <= optin_bytes) return take(forced);
-  for (int c = 1; c <= 8; c *= 2)
+  for (int c = 1; c <= 8; ++c)
     if (slice_of(c) * itemsize <= target_bytes) return take(c);
-  for (int c = 1; c <= 8; c *= 2)
+  for (int c = 1; c <= 8; ++c)
     if (slice_of(c) * itemsize <= optin_bytes) return take(c);
   plan.why = "a row does not fit in the shared memory of a cluster of 8 CTAs";
   return plan;
