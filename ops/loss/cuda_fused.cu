@@ -577,10 +577,14 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
   const int64_t budget = smem_budget(cuda_device_props(ctx.device.index));
   dispatch_float(logits.dtype, "cross_entropy_with_grad", [&](auto tag) {
     using T = decltype(tag);
-    const bool plain = softcap == 0.0 && label_smoothing == 0.0;
-    void (*kernel)(FusedArgs<T>, int64_t) = kVec && softcap == 0.0 ? &with_grad_once_kernel<T>  // Note [ce with grad, exp once]
-                                            : plain                ? &with_grad_cluster_kernel<T, kVec, true>
-                                                                   : &with_grad_cluster_kernel<T, kVec, false>;
+    // Packs without a softcap: Note [ce with grad, exp once]; the element kernel's kPlain form for
+    // the training default (no softcap, no label smoothing).
+    void (*kernel)(FusedArgs<T>, int64_t) = nullptr;
+    if constexpr (kVec)
+      kernel = softcap == 0.0 ? &with_grad_once_kernel<T> : &with_grad_cluster_kernel<T, true, false>;
+    else
+      kernel = softcap == 0.0 && label_smoothing == 0.0 ? &with_grad_cluster_kernel<T, false, true>
+                                                        : &with_grad_cluster_kernel<T, false, false>;
     if (!cluster_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan, budget)) return fallback();
     cudaStream_t stream = stream_of(ctx);
     // Workspace: the kept-row count (mean), then the per-row losses (sum / mean).
