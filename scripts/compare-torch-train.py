@@ -7,7 +7,8 @@ Two shapes of a Llama-3 training step, in bf16 (the harness's `training` case gr
     lse and dlogits in one call, Liger's form), against torch eager and torch.compile of
     F.cross_entropy(logits.float(), target) followed by .backward();
   - fused_linear_cross_entropy forward + backward, 8,192 tokens x 4,096 -> 128,256: opforge's
-    fused op and its backward, against unfused torch eager: logits = hidden @ w.T (bf16), then
+    fused op and its backward, and fused_linear_cross_entropy_with_grad (both in one call, Liger's
+    form), against unfused torch eager: logits = hidden @ w.T (bf16), then
     F.cross_entropy(logits.float(), target) and .backward() (d_hidden and d_w).
 opforge: `opforge bench <ops> --backend cuda --dtype bf16 --group training --json` (perf mode,
 Note [graph timing]; the fastest CUDA kernel of each op; forward and backward timed separately and
@@ -27,7 +28,7 @@ TOKENS, HIDDEN, VOCAB = 8192, 4096, 128256
 CE_CASE = f"t{TOKENS}xv{VOCAB}"
 FLCE_CASE = f"t{TOKENS}_h{HIDDEN}_v{VOCAB}"
 OPS = ("cross_entropy", "cross_entropy_backward", "cross_entropy_with_grad", "fused_linear_cross_entropy",
-       "fused_linear_cross_entropy_backward")
+       "fused_linear_cross_entropy_backward", "fused_linear_cross_entropy_with_grad")
 
 
 def opforge_times(args):
@@ -103,6 +104,7 @@ def main():
     ce_us = ours["cross_entropy"][1] + ours["cross_entropy_backward"][1]
     ce_fused_impl, ce_fused_us = ours["cross_entropy_with_grad"]
     fl_us = ours["fused_linear_cross_entropy"][1] + ours["fused_linear_cross_entropy_backward"][1]
+    fl_both_impl, fl_both_us = ours["fused_linear_cross_entropy_with_grad"]
     logits_gb = TOKENS * VOCAB * 2 / 1e9
     lines = [
         f"Card: {device or torch.cuda.get_device_name()}; copy ceiling in opforge's run {copy_gbps:.0f} GB/s; "
@@ -123,6 +125,9 @@ def main():
         f"{fl_us / 1e3:.3f} ({ours['fused_linear_cross_entropy'][1] / 1e3:.3f} + "
         f"{ours['fused_linear_cross_entropy_backward'][1] / 1e3:.3f}) | {theirs[('flce', 'eager')]:.3f} | - | "
         f"{theirs[('flce', 'eager')] * 1e3 / fl_us:.2f}x | - |",
+        f"| fused_linear_cross_entropy fwd+bwd in one call (fused_linear_cross_entropy_with_grad), {TOKENS} x "
+        f"{HIDDEN} -> {VOCAB} (torch: unfused) | {fl_both_us / 1e3:.3f} ({fl_both_impl}) | "
+        f"{theirs[('flce', 'eager')]:.3f} | - | {theirs[('flce', 'eager')] * 1e3 / fl_both_us:.2f}x | - |",
         "",
         f"torch unfused extra memory during a step: peak {theirs[('flce', 'extra_bytes')] / 1e9:.2f} GB above "
         f"the allocations before it; the bf16 logits are {logits_gb:.2f} GB, 1/8 of them {logits_gb / 8:.3f} GB.",

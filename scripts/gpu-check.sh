@@ -243,9 +243,13 @@ if [[ $built -eq 1 ]]; then
   run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$check_json"
   run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
   # fused_linear_cross_entropy with forced small blocks (Note [flce cuda blocks]): many token and
-  # vocabulary blocks, short last ones, at the cases' small sizes.
+  # vocabulary blocks, short last ones, at the cases' small sizes (the with-grad op then runs the
+  # forward and the backward); then whole rows in blocks of 64 tokens (Note [flce with grad]).
   run_step check_flce_blocks "$OUT/check.log" 120 env OPFORGE_CUDA_FLCE_BLOCK=64x256 "$BIN" check \
-    --backend cuda --mode test fused_linear_cross_entropy fused_linear_cross_entropy_backward
+    --backend cuda --mode test fused_linear_cross_entropy fused_linear_cross_entropy_backward \
+    fused_linear_cross_entropy_with_grad
+  run_step check_flce_rows "$OUT/check.log" 120 env OPFORGE_CUDA_FLCE_BLOCK=64x1000000000 "$BIN" check \
+    --backend cuda --mode test fused_linear_cross_entropy_with_grad
   # cross_entropy_with_grad with every row in a cluster of 8 CTAs (Note [ce with grad clusters]):
   # the distributed-shared-memory merge over the most ranks, and ranks with short or empty slices.
   run_step check_ce_grad_clusters "$OUT/check.log" 120 env OPFORGE_CE_GRAD_CLUSTER=8 "$BIN" check \

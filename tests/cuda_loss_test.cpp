@@ -108,6 +108,33 @@ TEST(CudaLoss, FlceBlocksKeepTheWorkspaceBelowAnEighthOfTheLogits) {
   EXPECT_EQ(forced.vocab_cols, 256);
 }
 
+// Note [flce with grad]: token blocks of whole rows within the same budget; at the shape
+// 22 blocks of 384 tokens; small problems one block; a forced block narrower than V (or a row
+// too wide for 64 of them) takes the forward and the backward instead (token_rows 0).
+TEST(CudaLoss, FlceWithGradHoldsWholeRowsBelowAnEighthOfTheLogits) {
+  const int64_t tokens = 8192, h = 4096, vocab = 128256;
+  const double eighth = double(tokens) * double(vocab) * 2.0 / 8.0;
+  for (bool reduced : {false, true}) {
+    const FlceCudaPlan p = flce_cuda_with_grad_plan(tokens, h, vocab, DType::bf16, reduced);
+    EXPECT_LT(double(cuda_workspace_bytes_for(p.workspace_bytes)), eighth) << reduced;
+    EXPECT_EQ(p.vocab_cols, vocab);
+    EXPECT_EQ(p.token_rows, 384);
+    EXPECT_EQ(p.token_rows % 64, 0);
+  }
+  const FlceCudaPlan f32 = flce_cuda_with_grad_plan(tokens, h, vocab, DType::f32, true);
+  EXPECT_LT(double(f32.workspace_bytes), double(tokens) * double(vocab) * 4.0 / 8.0);
+  EXPECT_EQ(f32.token_rows % 64, 0);
+  EXPECT_GT(f32.token_rows, 384);  // twice the budget for the same rows
+  EXPECT_EQ(flce_cuda_with_grad_plan(200, 64, 1000, DType::bf16, true).token_rows, 200);
+  EXPECT_EQ(flce_cuda_with_grad_plan(8, 24, 11, DType::f16, false).token_rows, 8);
+  EXPECT_EQ(flce_cuda_with_grad_plan(64, 16, int64_t(1) << 20, DType::bf16, true).token_rows, 0);
+  setenv("OPFORGE_CUDA_FLCE_BLOCK", "64x256", 1);
+  EXPECT_EQ(flce_cuda_with_grad_plan(200, 64, 1000, DType::bf16, true).token_rows, 0);
+  setenv("OPFORGE_CUDA_FLCE_BLOCK", "64x1000", 1);
+  EXPECT_EQ(flce_cuda_with_grad_plan(200, 64, 1000, DType::bf16, true).token_rows, 64);
+  unsetenv("OPFORGE_CUDA_FLCE_BLOCK");
+}
+
 }  // namespace
 
 #endif  // OPFORGE_WITH_CUDA

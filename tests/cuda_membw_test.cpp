@@ -212,6 +212,23 @@ TEST(CudaMembw, FlceExtraMemoryIsMeasuredBelowAnEighthOfTheLogits) {
   EXPECT_GE(after_fwd, planned_fwd);  // the workspace was allocated on this stream (Note [cuda workspace])
   EXPECT_LT(double(after_fwd), logits_bytes / 8.0);
   EXPECT_LT(double(after_bwd), logits_bytes / 8.0);
+
+  // fused_linear_cross_entropy_with_grad (Note [flce with grad]) on another new stream.
+  void* stream2 = cuda_create_stream(0);
+  const Context ctx2{Device::cuda(0), Stream{stream2}};
+  const int64_t free1 = cuda_free_memory_bytes(0);
+  ASSERT_EQ(fused_linear_cross_entropy_with_grad_cuda_applicable(loss, lse, dhidden, dw, db, hidden, w, target, dloss,
+                                                                 TensorView{}, -100, 0.0, "mean"),
+            nullptr);
+  fused_linear_cross_entropy_with_grad_cuda(ctx2, loss, lse, dhidden, dw, db, hidden, w, target, dloss, TensorView{},
+                                            -100, 0.0, "mean");
+  const int64_t planned_both = flce_cuda_last_workspace_bytes();
+  const int64_t after_both = free1 - cuda_free_memory_bytes(0);
+  cuda_destroy_stream(0, stream2);
+  std::printf("flce with grad: extra device memory held after the call %.1f MiB (planned %.1f)\n",
+              double(after_both) / 1048576.0, double(planned_both) / 1048576.0);
+  EXPECT_GE(after_both, planned_both);
+  EXPECT_LT(double(after_both), logits_bytes / 8.0);
 }
 
 }  // namespace

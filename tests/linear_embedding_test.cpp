@@ -436,7 +436,8 @@ TEST(LinearEmbeddingRegistry, OpsKernelsAndCases) {
   register_linear(reg);
   register_embedding(reg);
   for (const char* name : {"linear", "linear_backward", "fused_linear_cross_entropy",
-                           "fused_linear_cross_entropy_backward", "embedding", "embedding_backward"}) {
+                           "fused_linear_cross_entropy_backward", "fused_linear_cross_entropy_with_grad",
+                           "embedding", "embedding_backward"}) {
     SCOPED_TRACE(name);
     const OpEntry& op = reg.op(name);
     ASSERT_TRUE(op.cases);

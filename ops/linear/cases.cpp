@@ -96,7 +96,11 @@ struct FlceShape {
   int64_t hidden_pad = 0, w_pad = 0;
 };
 
-Case flce_case(bool backward, std::string label, CaseGroup group, const FlceShape& s) {
+// The forward, the backward (given lse and dloss) or both in one call (dloss only).
+enum class FlceKind { forward, backward, with_grad };
+
+Case flce_case(FlceKind kind, std::string label, CaseGroup group, const FlceShape& s) {
+  const bool backward = kind == FlceKind::backward;
   Case c;
   c.label = std::move(label);
   c.group = group;
@@ -133,17 +137,17 @@ Case flce_case(bool backward, std::string label, CaseGroup group, const FlceShap
   c.args.push_back({"ignore_index", Value(s.ignore_index)});
   c.args.push_back({"label_smoothing", Value(s.label_smoothing)});
   c.args.push_back({"reduction", Value(s.reduction)});
-  if (backward) {
+  if (kind != FlceKind::forward) {
     const Shape loss = s.reduction == "none" ? Shape{s.tokens} : Shape{};
     c.args.push_back({"dloss", matrix(loss, 0, 1.0, Fill::normal)});
   }
   return c;
 }
 
-std::vector<Case> flce_family_cases(bool backward) {
+std::vector<Case> flce_family_cases(FlceKind kind) {
   std::vector<Case> cases;
   auto add = [&](std::string label, CaseGroup group, FlceShape s) {
-    cases.push_back(flce_case(backward, std::move(label), group, s));
+    cases.push_back(flce_case(kind, std::move(label), group, s));
   };
   const std::vector<double> some_ignored = {3, -100, 7, 0, 10, 5, -100, 1};
   for (const char* r : {"mean", "sum", "none"}) {
@@ -178,7 +182,8 @@ std::vector<Case> flce_family_cases(bool backward) {
 
 std::vector<Case> linear_cases() { return linear_family_cases(false); }
 std::vector<Case> linear_backward_cases() { return linear_family_cases(true); }
-std::vector<Case> fused_linear_cross_entropy_cases() { return flce_family_cases(false); }
-std::vector<Case> fused_linear_cross_entropy_backward_cases() { return flce_family_cases(true); }
+std::vector<Case> fused_linear_cross_entropy_cases() { return flce_family_cases(FlceKind::forward); }
+std::vector<Case> fused_linear_cross_entropy_backward_cases() { return flce_family_cases(FlceKind::backward); }
+std::vector<Case> fused_linear_cross_entropy_with_grad_cases() { return flce_family_cases(FlceKind::with_grad); }
 
 }  // namespace opforge

@@ -348,6 +348,32 @@ const char* flce_reason(const TensorView& hidden, const TensorView& w) {
 }
 }  // namespace
 
+// The forward then the backward (reading the lse just written): the CPU kernels hold a token
+// chunk's logits in f32 scratch either way, so computing them twice costs the one extra GEMM that
+// a larger chunk budget would save; the CUDA kernel is where the single pass matters.
+void fused_linear_cross_entropy_with_grad_cpu(
+    const Context& ctx, const TensorView& loss, const TensorView& lse, const TensorView& dhidden,
+    const TensorView& dw, const TensorView& db, const TensorView& hidden, const TensorView& w,
+    const TensorView& target, const TensorView& dloss, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction) {
+  fused_linear_cross_entropy_cpu(ctx, loss, lse, hidden, w, target, b, ignore_index, label_smoothing,
+                                 reduction);
+  const int64_t forward_peak = last_scratch_bytes;
+  fused_linear_cross_entropy_backward_cpu(ctx, dhidden, dw, db, dloss, hidden, w, target, lse, b,
+                                          ignore_index, label_smoothing, reduction);
+  last_scratch_bytes = std::max(last_scratch_bytes, forward_peak);
+}
+
+const char* fused_linear_cross_entropy_with_grad_cpu_applicable(
+    const TensorView&, const TensorView&, const TensorView& dhidden, const TensorView& dw,
+    const TensorView&, const TensorView& hidden, const TensorView& w, const TensorView&,
+    const TensorView&, const TensorView&, int64_t, double, std::string_view) {
+  if (const char* why = flce_reason(hidden, w)) return why;
+  if (dhidden.row_stride() > int64_t(INT32_MAX) || dw.row_stride() > int64_t(INT32_MAX))
+    return "a size exceeds the 32-bit BLAS interface";
+  return nullptr;
+}
+
 const char* fused_linear_cross_entropy_cpu_applicable(const TensorView&, const TensorView&,
                                                       const TensorView& hidden,
                                                       const TensorView& w, const TensorView&,

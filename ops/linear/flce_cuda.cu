@@ -176,6 +176,14 @@ void forced_block(int64_t* rows, int64_t* cols) {
   if (env != nullptr && std::sscanf(env, "%lldx%lld", &r, &c) == 2 && r > 0 && c > 0) *rows = r, *cols = c;
 }
 
+// The eighth of the logits rounded down to the workspace's allocation step above 64 MiB (8 MiB:
+// Note [cuda workspace]), so what the backend allocates for a plan within the budget stays within
+// it, less one step for the backend's other allocations on the stream (the 2 MiB of a grid barrier).
+int64_t budget_of(int64_t tokens, int64_t vocab, int64_t itemsize) {
+  const double eighth = double(tokens) * double(vocab) * double(itemsize) / 8.0;
+  return std::max(kFloorBudget, (int64_t(eighth / double(kBudgetStep)) - 1) * kBudgetStep);
+}
+
 // Note [flce cuda blocks].
 Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backward, bool reduced_forward) {
   const int64_t s = dtype_size(dtype);
@@ -185,12 +193,7 @@ Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backwa
   const int64_t per_elem = backward ? 4 + (p.g16 ? s : 0) + 1 : 4;
   const int64_t per_row = backward ? (p.g16 ? 4 * h : 0) : 16;
   const int64_t fixed = lt::kWorkspaceBytes + (backward ? 4 * vocab : 0) + (reduced_forward ? 4 * tokens : 0) + 16 * kAlign;
-  // The eighth rounded down to the workspace's allocation step above 64 MiB (8 MiB: Note [cuda
-  // workspace]), so what the backend allocates for a plan within the budget stays within it, less
-  // one step for the backend's other allocations on the stream (the 2 MiB of a grid barrier).
-  const double eighth = double(tokens) * double(vocab) * double(s) / 8.0;
-  const int64_t budget = std::max(kFloorBudget, (int64_t(eighth / double(kBudgetStep)) - 1) * kBudgetStep);
-  const int64_t avail = budget - fixed;
+  const int64_t avail = budget_of(tokens, vocab, s) - fixed;
   const int64_t max_rows = avail > 0 ? avail / (per_row + kTargetCols * per_elem) / 64 * 64 : 0;
   const int64_t all = std::max<int64_t>(tokens, 1);
   int64_t rows = 0, cols = 0;
@@ -221,6 +224,49 @@ Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backwa
   p.stats = take(backward ? 0 : 4 * p.rows * 4);
   p.row_loss = take(reduced_forward ? tokens * 4 : 0);
   p.db_acc = take(backward ? vocab * 4 : 0);
+  p.scalars = take(2 * 4);
+  p.total = at;
+  return p;
+}
+
+// Note [flce with grad]: fused_linear_cross_entropy_with_grad computes a token block's logits once
+// when the block can hold its whole rows: rows x ld f32 logits (the gradient in the input dtype is
+// written over them, row by row, by ce_grad_rows), ceil(rows / 64) x ld f32 column partials, 4 V
+// (db accumulator) and 4 tokens (per-token losses, sum / mean) in the budget of Note [flce cuda
+// blocks]. rows: all tokens when they fit, else the fewest equal blocks of a multiple of 64 rows;
+// 0 when not even 64 rows (or all tokens, if fewer) fit, or a forced block has fewer columns than
+// V: the call then runs the forward and the backward (logits twice). At 8,192 x 4,096 -> 128,256
+// in bf16: 22 blocks of 384 tokens (the last 128), 201 MiB of blocks in a 240 MiB budget.
+Plan with_grad_plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool reduced) {
+  Plan p;
+  p.tokens = tokens, p.h = h, p.vocab = vocab;
+  p.cols = std::max<int64_t>(vocab, 1);
+  p.ld = ceil_div(p.cols, 8) * 8;
+  const int64_t fixed = lt::kWorkspaceBytes + 4 * vocab + (reduced ? 4 * tokens : 0) + 16 * kAlign + 4 * p.ld;
+  const int64_t avail = budget_of(tokens, vocab, dtype_size(dtype)) - fixed;
+  const double per_row = double(p.ld) * (4.0 + 4.0 / double(kGroupRows));
+  const int64_t max_rows = avail > 0 ? int64_t(double(avail) / per_row) : 0;
+  const int64_t all = std::max<int64_t>(tokens, 1);
+  if (max_rows >= all) {
+    p.rows = all;
+  } else if (max_rows >= 64) {
+    const int64_t blocks = ceil_div(all, max_rows / 64 * 64);
+    p.rows = std::min(all, ceil_div(ceil_div(all, blocks), 64) * 64);
+  }
+  int64_t forced_rows = 0, forced_cols = 0;
+  forced_block(&forced_rows, &forced_cols);
+  if (forced_rows > 0) p.rows = forced_cols < vocab ? 0 : std::min(forced_rows, all);
+  if (p.rows == 0) return p;
+  int64_t at = up(lt::kWorkspaceBytes);
+  auto take = [&](int64_t bytes) {
+    const int64_t off = at;
+    at += up(std::max<int64_t>(bytes, 0));
+    return off;
+  };
+  p.logits = take(p.rows * p.ld * 4);
+  p.partial = take(ceil_div(p.rows, kGroupRows) * p.ld * 4);
+  p.row_loss = take(reduced ? tokens * 4 : 0);
+  p.db_acc = take(vocab * 4);
   p.scalars = take(2 * 4);
   p.total = at;
   return p;
@@ -342,8 +388,25 @@ template <class T> struct GradArgs {
 // the rows of one group of kGroupRows; the group's column sums are added in row order per y
 // lane, then over the 8 lanes in order.
 constexpr int kGradCols = 8, kGradLanes = 8;
-template <class T> __global__ void __launch_bounds__(256) grad_kernel(GradArgs<T> a) {
+
+// A (32, kGradLanes) block's column sums: each thread's kGradCols sums over its rows, then lane
+// y = 0 adds the kGradLanes lanes in order and writes out[0 .. n_cols).
+__device__ __forceinline__ void store_group_partials(const float (&acc)[kGradCols], int n_cols, float* out) {
   __shared__ float sums[kGradLanes][32 * kGradCols];
+#pragma unroll
+  for (int k = 0; k < kGradCols; ++k) sums[threadIdx.y][threadIdx.x * kGradCols + k] = acc[k];
+  __syncthreads();
+  if (threadIdx.y != 0) return;
+  for (int k = 0; k < n_cols; ++k) {
+    const int j = threadIdx.x * kGradCols + k;
+    float s = 0.0f;
+#pragma unroll
+    for (int lane = 0; lane < kGradLanes; ++lane) s += sums[lane][j];
+    out[k] = s;
+  }
+}
+
+template <class T> __global__ void __launch_bounds__(256) grad_kernel(GradArgs<T> a) {
   const int64_t c = int64_t(blockIdx.x) * (32 * kGradCols) + threadIdx.x * kGradCols;
   const int64_t r0 = int64_t(blockIdx.y) * kGroupRows;
   float acc[kGradCols] = {};
@@ -392,17 +455,35 @@ template <class T> __global__ void __launch_bounds__(256) grad_kernel(GradArgs<T
       for (int k = 0; k < n_cols; ++k) zr[k] = v[k];
     }
   }
+  store_group_partials(acc, n_cols, a.partial + int64_t(blockIdx.y) * a.ld + c);
+}
+
+// partial[group, c] = the sum of G[r, c] over the group's kGroupRows rows, G in the input dtype
+// (row stride ld): db's share of a token block whose gradient ce_grad_rows wrote. The same
+// block shape and order as grad_kernel's partials; one 16-byte load of eight 16-bit columns.
+template <class T>
+__global__ void __launch_bounds__(256) column_partials_kernel(const T* g, int64_t ld, int64_t rows, int64_t cols,
+                                                              float* partial, int64_t partial_ld) {
+  const int64_t c = int64_t(blockIdx.x) * (32 * kGradCols) + threadIdx.x * kGradCols;
+  const int64_t r0 = int64_t(blockIdx.y) * kGroupRows;
+  float acc[kGradCols] = {};
+  const int n_cols = int(std::max<int64_t>(0, std::min<int64_t>(kGradCols, cols - c)));
+  for (int rr = threadIdx.y; rr < kGroupRows; rr += kGradLanes) {
+    const int64_t r = r0 + rr;
+    if (r >= rows || n_cols == 0) break;
+    const T* gr = g + r * ld + c;
+    if constexpr (sizeof(T) * kGradCols == sizeof(uint4)) {
+      if (n_cols == kGradCols) {
+        union { uint4 u; T h[kGradCols]; } pack;
+        pack.u = *reinterpret_cast<const uint4*>(gr);
 #pragma unroll
-  for (int k = 0; k < kGradCols; ++k) sums[threadIdx.y][threadIdx.x * kGradCols + k] = acc[k];
-  __syncthreads();
-  if (threadIdx.y != 0) return;
-  for (int k = 0; k < n_cols; ++k) {
-    const int j = threadIdx.x * kGradCols + k;
-    float s = 0.0f;
-#pragma unroll
-    for (int lane = 0; lane < kGradLanes; ++lane) s += sums[lane][j];
-    a.partial[int64_t(blockIdx.y) * a.ld + c + k] = s;
+        for (int k = 0; k < kGradCols; ++k) acc[k] += to_f32(pack.h[k]);
+        continue;
+      }
+    }
+    for (int k = 0; k < n_cols; ++k) acc[k] += to_f32(gr[k]);
   }
+  store_group_partials(acc, n_cols, partial + int64_t(blockIdx.y) * partial_ld + c);
 }
 
 // db_acc[v0 + c] += the column's group partials. Block (32, 8): x over 32 columns, y over every
@@ -479,6 +560,29 @@ void block_logits(const Call& c, int64_t n0, int64_t rows, int64_t v0, int64_t c
 RowState row_state(const Plan& p, char* ws) {
   float* base = reinterpret_cast<float*>(ws + p.stats);
   return RowState{base, base + p.rows, base + 2 * p.rows, base + 3 * p.rows};
+}
+
+// The upstream gradient of each token: dloss[n] (none), dloss (sum), dloss / counted tokens (mean:
+// counted on the device into scalars[0], the quotient in scalars[1]).
+struct Upstream {
+  const void* data;
+  DType dtype;
+  int64_t stride;  // 0: one value for every token
+};
+Upstream upstream_of(const Context& ctx, const TensorView& dloss, const TensorView& target, int64_t ignore_index,
+                     std::string_view reduction, float* scalars) {
+  Upstream u{dloss.data, dloss.dtype, reduction == "none" ? cuda::loss::stride0(dloss) : 0};
+  const int64_t tokens = target.size(0);
+  if (reduction == "mean" && tokens > 0) {
+    cuda::loss::RowReduce r;
+    r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = cuda::loss::stride0(target);
+    r.ignore_index = ignore_index, r.count_only = true, r.out = scalars;
+    cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy count launch");
+    mean_grad_kernel<<<1, 1, 0, stream_of(ctx)>>>(dloss.data, dloss.dtype, scalars, scalars + 1);
+    check_launch("fused_linear_cross_entropy scale launch");
+    u = Upstream{scalars + 1, DType::f32, 0};
+  }
+  return u;
 }
 
 }  // namespace
@@ -558,19 +662,10 @@ void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorVi
   if (tokens == 0 && h > 0)  // dw = 0 (no block writes it)
     OPFORGE_CUDA_CHECK(cudaMemset2DAsync(dw.data, size_t(dw_ld * item), 0, size_t(h * item), size_t(vocab), stream));
 
-  // The upstream gradient of each token: dloss[n] (none), dloss (sum), dloss / counted tokens (mean).
-  const void* up = dloss.data;
-  DType up_dtype = dloss.dtype;
-  int64_t up_stride = reduction == "none" ? cuda::loss::stride0(dloss) : 0;
-  if (reduction == "mean" && tokens > 0) {
-    cuda::loss::RowReduce r;
-    r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = cuda::loss::stride0(target);
-    r.ignore_index = ignore_index, r.count_only = true, r.out = scalars;
-    cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy_backward count launch");
-    mean_grad_kernel<<<1, 1, 0, stream>>>(dloss.data, dloss.dtype, scalars, scalars + 1);
-    cuda::check_launch("fused_linear_cross_entropy_backward scale launch");
-    up = scalars + 1, up_dtype = DType::f32;
-  }
+  const Upstream u = upstream_of(ctx, dloss, target, ignore_index, reduction, scalars);
+  const void* up = u.data;
+  const DType up_dtype = u.dtype;
+  const int64_t up_stride = u.stride;
 
   cuda::dispatch_float(dtype, "fused_linear_cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -621,6 +716,109 @@ void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorVi
   });
 }
 
+FlceCudaPlan flce_cuda_with_grad_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool reduced) {
+  const Plan p = with_grad_plan_for(tokens, hidden, vocab, dtype, reduced);
+  return FlceCudaPlan{p.rows, p.rows > 0 ? p.cols : 0, p.total};
+}
+
+// Note [flce with grad]: per token block, the logits GEMM into f32 (all V columns), ce_grad_rows
+// (loss, lse and the gradient G in the input dtype over the logits, row by row), G's column
+// partials into db, then dw (+)= G^T . hidden_block (k = rows; beta 0 for the first block) and
+// dhidden_block = G . w (k = V, straight into dhidden: one GEMM, no accumulator). Three GEMMs of
+// 2 N V H each in all, the unfused form's count; a 16-bit dw is rounded once per token block.
+void fused_linear_cross_entropy_with_grad_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                                               const TensorView& dhidden, const TensorView& dw, const TensorView& db,
+                                               const TensorView& hidden, const TensorView& w,
+                                               const TensorView& target, const TensorView& dloss,
+                                               const TensorView& b, int64_t ignore_index, double label_smoothing,
+                                               std::string_view reduction) {
+  const int64_t tokens = hidden.size(0), h = hidden.size(1), vocab = w.size(0);
+  const DType dtype = hidden.dtype;
+  const bool none = reduction == "none";
+  cuda::DeviceGuard guard(ctx.device.index);
+  const Plan plan = with_grad_plan_for(tokens, h, vocab, dtype, !none);
+  if (tokens == 0 || plan.rows == 0 || !ce_grad_rows_fit(ctx, vocab, dtype)) {
+    // The two ops in turn (the backward reads the lse just written): logits twice.
+    fused_linear_cross_entropy_cuda(ctx, loss, lse, hidden, w, target, b, ignore_index, label_smoothing, reduction);
+    const int64_t forward_bytes = last_workspace_bytes;
+    fused_linear_cross_entropy_backward_cuda(ctx, dhidden, dw, db, dloss, hidden, w, target, lse, b, ignore_index,
+                                             label_smoothing, reduction);
+    last_workspace_bytes = std::max(last_workspace_bytes, forward_bytes);
+    return;
+  }
+  last_workspace_bytes = plan.total;
+  cudaStream_t stream = cuda::stream_of(ctx);
+  char* ws = static_cast<char*>(cuda_workspace(ctx, plan.total));
+  const Call c{ctx, hidden, w, target, b, plan, ws, ld_of(hidden, h), ld_of(w, h)};
+  const int64_t dh_ld = ld_of(dhidden, h), dw_ld = ld_of(dw, h), item = dtype_size(dtype);
+  float* logits = reinterpret_cast<float*>(ws + plan.logits);
+  float* partial = reinterpret_cast<float*>(ws + plan.partial);
+  float* db_acc = reinterpret_cast<float*>(ws + plan.db_acc);
+  float* row_loss = reinterpret_cast<float*>(ws + plan.row_loss);
+  float* scalars = reinterpret_cast<float*>(ws + plan.scalars);
+  OPFORGE_CUDA_CHECK(cudaMemsetAsync(db_acc, 0, size_t(vocab) * 4, stream));
+  const Upstream u = upstream_of(ctx, dloss, target, ignore_index, reduction, scalars);
+  const int64_t target_stride = cuda::loss::stride0(target), lse_stride = cuda::loss::stride0(lse);
+  const int64_t loss_stride = none ? cuda::loss::stride0(loss) : 1;
+  float* losses = none ? loss.ptr<float>() : row_loss;
+  // G row r starts where logits row r does: plan.ld f32 elements = (4 / item) plan.ld of G's.
+  const int64_t g_ld = plan.ld * 4 / item;
+  cuda::dispatch_float(dtype, "fused_linear_cross_entropy_with_grad", [&](auto tag) {
+    using T = decltype(tag);
+    T* g = reinterpret_cast<T*>(logits);
+    for (int64_t n0 = 0; n0 < tokens; n0 += plan.rows) {
+      const int64_t rows = std::min(plan.rows, tokens - n0), groups = ceil_div(rows, kGroupRows);
+      block_logits(c, n0, rows, 0, vocab, logits);
+      CeGradRows a{logits, plan.ld, g, dtype, g_ld, rows, vocab,
+                   target.ptr<int64_t>() + n0 * target_stride, target_stride,
+                   static_cast<const char*>(u.data) + n0 * u.stride * dtype_size(u.dtype), u.dtype, u.stride,
+                   losses + n0 * loss_stride, loss_stride, lse.ptr<float>() + n0 * lse_stride, lse_stride,
+                   ignore_index, float(label_smoothing)};
+      ce_grad_rows(ctx, a);
+      column_partials_kernel<T><<<dim3(cuda::grid_for(vocab, 32 * kGradCols), unsigned(groups)), dim3(32, kGradLanes),
+                                  0, stream>>>(g, g_ld, rows, vocab, partial, plan.ld);
+      cuda::check_launch("fused_linear_cross_entropy_with_grad column partials launch");
+      column_sums_kernel<<<cuda::grid_for(vocab, 32), dim3(32, 8), 0, stream>>>(partial, groups, plan.ld, vocab,
+                                                                             db_acc);
+      cuda::check_launch("fused_linear_cross_entropy_with_grad columns launch");
+      // dw (+)= G^T . hidden[n0 .. n0 + rows)
+      cuda::lt::Gemm gw;
+      gw.m = vocab, gw.n = h, gw.k = rows;
+      gw.a = cuda::lt::Operand{g, dtype, g_ld, true};
+      gw.b = cuda::lt::Operand{row_ptr(hidden, c.h_ld, n0), dtype, c.h_ld, false};
+      gw.d = dw.data, gw.d_dtype = dtype, gw.ldd = dw_ld;
+      gw.beta = n0 == 0 ? 0.0f : 1.0f;
+      gemm(ctx, gw, ws);
+      // dhidden[n0 .. n0 + rows) = G . w
+      cuda::lt::Gemm gd;
+      gd.m = rows, gd.n = h, gd.k = vocab;
+      gd.a = cuda::lt::Operand{g, dtype, g_ld, false};
+      gd.b = cuda::lt::Operand{row_ptr(w, c.w_ld, 0), dtype, c.w_ld, false};
+      gd.d = static_cast<char*>(dhidden.data) + n0 * dh_ld * item, gd.d_dtype = dtype, gd.ldd = dh_ld;
+      gd.beta = 0.0f;
+      gemm(ctx, gd, ws);
+    }
+    store_rows_kernel<T><<<elementwise_grid(vocab), 256, 0, stream>>>(db_acc, 1, vocab, db.ptr<T>(), vocab);
+    cuda::check_launch("fused_linear_cross_entropy_with_grad db launch");
+  });
+  if (none) return;
+  cuda::loss::RowReduce r;
+  r.losses = row_loss, r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = target_stride;
+  r.ignore_index = ignore_index, r.divide = reduction == "mean", r.zero_if_none_kept = true;
+  r.out = loss.ptr<float>();
+  cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy_with_grad reduction launch");
+}
+
+const char* fused_linear_cross_entropy_with_grad_cuda_applicable(
+    const TensorView& loss, const TensorView& lse, const TensorView&, const TensorView&, const TensorView&,
+    const TensorView& hidden, const TensorView&, const TensorView&, const TensorView& dloss, const TensorView&,
+    int64_t, double, std::string_view) {
+  if (!cuda::is_cuda_float(hidden.dtype)) return cuda::kNotCudaFloat;
+  if (loss.dtype != DType::f32 || lse.dtype != DType::f32) return "loss or lse is not f32";
+  if (!cuda::loss::float_like(dloss.dtype)) return "dloss is not f64, f32, f16 or bf16";
+  return nullptr;
+}
+
 const char* fused_linear_cross_entropy_cuda_applicable(const TensorView& loss, const TensorView& lse,
                                                        const TensorView& hidden, const TensorView&,
                                                        const TensorView&, const TensorView&, int64_t, double,
@@ -664,6 +862,13 @@ void register_flce_cuda(Registry& reg) {
   reg.add_kernel<FusedLinearCrossEntropyBackward>(
       bwd,
       &fused_linear_cross_entropy_backward_cuda, &fused_linear_cross_entropy_backward_cuda_applicable);
+  // The backward's bounds: G in the input dtype, dw rounded once per token block (22 blocks at
+  // 8,192 x 128,256 in bf16, Note [flce with grad]).
+  KernelDesc both = desc("token blocks of whole rows: cuBLASLt f32 logits once, the cluster cross-entropy "
+                         "kernel writes loss, lse and the gradient over them, cuBLASLt into dw and dhidden");
+  both.tolerances = bwd.tolerances;
+  reg.add_kernel<FusedLinearCrossEntropyWithGrad>(both, &fused_linear_cross_entropy_with_grad_cuda,
+                                                  &fused_linear_cross_entropy_with_grad_cuda_applicable);
 }
 
 }  // namespace opforge

@@ -47,6 +47,16 @@ const char* fused_linear_cross_entropy_backward_cpu_applicable(
     const TensorView& target, const TensorView& lse, const TensorView& b, int64_t, double,
     std::string_view);
 
+void fused_linear_cross_entropy_with_grad_cpu(
+    const Context&, const TensorView& loss, const TensorView& lse, const TensorView& dhidden,
+    const TensorView& dw, const TensorView& db, const TensorView& hidden, const TensorView& w,
+    const TensorView& target, const TensorView& dloss, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction);
+const char* fused_linear_cross_entropy_with_grad_cpu_applicable(
+    const TensorView& loss, const TensorView& lse, const TensorView& dhidden, const TensorView& dw,
+    const TensorView& db, const TensorView& hidden, const TensorView& w, const TensorView& target,
+    const TensorView& dloss, const TensorView& b, int64_t, double, std::string_view);
+
 // Note [flce chunks] (flce_cpu.cpp): the token rows and vocab rows one chunk of the cpu kernel
 // covers, and the scratch bytes a call allocates (the largest amount held at once).
 struct FlceChunks {
@@ -69,6 +79,7 @@ std::vector<Case> linear_cases();
 std::vector<Case> linear_backward_cases();
 std::vector<Case> fused_linear_cross_entropy_cases();
 std::vector<Case> fused_linear_cross_entropy_backward_cases();
+std::vector<Case> fused_linear_cross_entropy_with_grad_cases();
 
 }  // namespace opforge
 

@@ -184,6 +184,34 @@ void FusedLinearCrossEntropyBackward::check(const TensorView& dhidden, const Ten
                       {"lse", &lse}, {"b", &b}});
 }
 
+void FusedLinearCrossEntropyWithGrad::check(const TensorView& loss, const TensorView& lse,
+                                            const TensorView& dhidden, const TensorView& dw,
+                                            const TensorView& db, const TensorView& hidden,
+                                            const TensorView& w, const TensorView& target,
+                                            const TensorView& dloss, const TensorView& b,
+                                            int64_t ignore_index, double label_smoothing,
+                                            std::string_view reduction) {
+  const Reduction r =
+      check_flce_inputs(name, hidden, w, target, b, ignore_index, label_smoothing, reduction);
+  expect_defined(name, "loss", loss);
+  expect_dtype(name, "loss", loss, loss_dtype(hidden));
+  expect_shape(name, "loss", loss, loss_shape(hidden, r));
+  if (r == Reduction::none) expect_rows_uniform(name, "loss", loss);
+  expect_same_device(name, "loss", loss, "hidden", hidden);
+  check_lse(name, lse, hidden, true);
+  expect_defined(name, "dloss", dloss);
+  expect_floating(name, "dloss", dloss);
+  expect_shape(name, "dloss", dloss, loss_shape(hidden, r));
+  expect_rows_uniform(name, "dloss", dloss);
+  expect_same_device(name, "dloss", dloss, "hidden", hidden);
+  check_matrix(name, "dhidden", dhidden, "hidden", hidden, hidden.shape_of());
+  check_matrix(name, "dw", dw, "w", w, w.shape_of());
+  check_matrix(name, "db", db, "w", w, Shape{w.size(0)});
+  expect_no_overlaps(name,
+                     {{"loss", &loss}, {"lse", &lse}, {"dhidden", &dhidden}, {"dw", &dw}, {"db", &db}},
+                     {{"dloss", &dloss}, {"hidden", &hidden}, {"w", &w}, {"target", &target}, {"b", &b}});
+}
+
 // ---- registration ---------------------------------------------------------------------------
 
 namespace {
@@ -288,11 +316,42 @@ void register_flce_ops(Registry& reg) {
       &fused_linear_cross_entropy_backward_cpu_applicable);
 }
 
+
+// Both in one call: the forward's outputs and the backward's, the three GEMMs of the unfused form
+// (logits once: what a kernel that keeps a token block's whole row of logits does).
+void register_flce_with_grad_op(Registry& reg) {
+  OpEntry& op = reg.add_op<FusedLinearCrossEntropyWithGrad>();
+  op.outputs = [](const ArgList& a) {
+    const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
+    const Reduction r = parse_reduction(a.op(), a.str("reduction"));
+    return std::vector<OutputSpec>{{"loss", loss_shape(hidden, r), loss_dtype(hidden)},
+                                   {"lse", Shape{hidden.size(0)}, loss_dtype(hidden)},
+                                   {"dhidden", hidden.shape_of(), hidden.dtype},
+                                   {"dw", w.shape_of(), w.dtype},
+                                   {"db", Shape{w.size(0)}, w.dtype}};
+  };
+  op.cost = [](const ArgList& a) {
+    const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
+    const double nv = double(hidden.size(0)) * double(w.size(0));
+    // Logits, dhidden and dw (2NVH each), statistics and gradient (~10 per logit).
+    return Cost{2 * bytes_of(hidden) + 2 * bytes_of(w) + bytes_of(a.tensor("target")) +
+                    double(w.size(0) * w.itemsize()) + bytes_or_zero(a, "b"),
+                nv * (6.0 * double(hidden.size(1)) + 10.0)};
+  };
+  op.cases = fused_linear_cross_entropy_with_grad_cases;
+  reg.add_kernel<FusedLinearCrossEntropyWithGrad>(reference_desc(),
+                                                  &fused_linear_cross_entropy_with_grad_reference);
+  reg.add_kernel<FusedLinearCrossEntropyWithGrad>(
+      gemm_desc("the cpu forward, then the cpu backward from the lse just written"),
+      &fused_linear_cross_entropy_with_grad_cpu, &fused_linear_cross_entropy_with_grad_cpu_applicable);
+}
+
 }  // namespace
 
 void register_linear(Registry& reg) {
   register_linear_ops(reg);
   register_flce_ops(reg);
+  register_flce_with_grad_op(reg);
 }
 
 }  // namespace opforge

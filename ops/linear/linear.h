@@ -2,8 +2,9 @@
 //
 // Greppable chain: op `linear` -> linear_reference (reference.cpp), linear_cpu (cpu.cpp);
 // op `fused_linear_cross_entropy` -> fused_linear_cross_entropy_reference (reference.cpp),
-// fused_linear_cross_entropy_cpu (flce_cpu.cpp). Cases in cases.cpp, checks / shapes / costs in
-// linear.cpp. Matrices follow Note [row layout] (ops/norm/norm.h): unit-stride rows, any uniform
+// fused_linear_cross_entropy_cpu (flce_cpu.cpp); `fused_linear_cross_entropy_with_grad` ->
+// fused_linear_cross_entropy_with_grad_reference / _cpu (the two ops' kernels in turn). Cases in
+// cases.cpp, checks / shapes / costs in linear.cpp. Matrices follow Note [row layout] (ops/norm/norm.h): unit-stride rows, any uniform
 // row stride, so padded rows are accepted everywhere.
 #pragma once
 
@@ -117,6 +118,44 @@ struct FusedLinearCrossEntropyBackward {
                     int64_t ignore_index, double label_smoothing, std::string_view reduction);
 };
 
+// fused_linear_cross_entropy and its backward in one call, for a training step whose upstream
+// gradient is known before the loss (Liger's form: 1 for a loss that is only backpropagated).
+struct FusedLinearCrossEntropyWithGrad {
+  static constexpr const char* name = "fused_linear_cross_entropy_with_grad";
+  using Signature = void(const TensorView& loss, const TensorView& lse, const TensorView& dhidden,
+                         const TensorView& dw, const TensorView& db, const TensorView& hidden,
+                         const TensorView& w, const TensorView& target, const TensorView& dloss,
+                         const TensorView& b, int64_t ignore_index, double label_smoothing,
+                         std::string_view reduction);
+  static constexpr ArgSpec args[] = {{"loss", ArgRole::out},
+                                     {"lse", ArgRole::out},
+                                     {"dhidden", ArgRole::out},
+                                     {"dw", ArgRole::out},
+                                     {"db", ArgRole::out},
+                                     {"hidden", ArgRole::in},
+                                     {"w", ArgRole::in},
+                                     {"target", ArgRole::in},
+                                     {"dloss", ArgRole::in},
+                                     {"b", ArgRole::opt_in},
+                                     {"ignore_index", ArgRole::scalar, "-100"},
+                                     {"label_smoothing", ArgRole::scalar, "0"},
+                                     {"reduction", ArgRole::scalar, "mean"}};
+  static constexpr const char* doc =
+      "fused_linear_cross_entropy and fused_linear_cross_entropy_backward in one call: loss and "
+      "lse as the forward writes them, dhidden, dw and db as the backward writes them for the "
+      "given dloss (the loss's shape, any floating dtype: pass 1 for a mean loss that is only "
+      "backpropagated). Liger's fused_linear_cross_entropy computes its gradients in the forward "
+      "this way; here the upstream gradient is an input, so no later rescaling pass is needed. "
+      "Note [flce semantics]: logits kept in f32 (Liger rounds them to the input dtype), mean over "
+      "zero counted tokens is 0. A kernel that holds a token block's whole row of logits computes "
+      "them once (three GEMMs, the unfused form's count) where the two ops compute them twice.";
+  static void check(const TensorView& loss, const TensorView& lse, const TensorView& dhidden,
+                    const TensorView& dw, const TensorView& db, const TensorView& hidden,
+                    const TensorView& w, const TensorView& target, const TensorView& dloss,
+                    const TensorView& b, int64_t ignore_index, double label_smoothing,
+                    std::string_view reduction);
+};
+
 // Kernels (one symbol per op x backend).
 void linear_reference(const Context&, const TensorView& y, const TensorView& x,
                       const TensorView& w, const TensorView& b);
@@ -133,6 +172,12 @@ void fused_linear_cross_entropy_backward_reference(
     const Context&, const TensorView& dhidden, const TensorView& dw, const TensorView& db,
     const TensorView& dloss, const TensorView& hidden, const TensorView& w,
     const TensorView& target, const TensorView& lse, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction);
+
+void fused_linear_cross_entropy_with_grad_reference(
+    const Context&, const TensorView& loss, const TensorView& lse, const TensorView& dhidden,
+    const TensorView& dw, const TensorView& db, const TensorView& hidden, const TensorView& w,
+    const TensorView& target, const TensorView& dloss, const TensorView& b, int64_t ignore_index,
     double label_smoothing, std::string_view reduction);
 
 void register_linear(Registry& reg);  // linear.cpp: ops, reference + cpu kernels, cases

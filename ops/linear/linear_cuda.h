@@ -43,6 +43,18 @@ const char* fused_linear_cross_entropy_backward_cuda_applicable(
     const TensorView& dhidden, const TensorView& dw, const TensorView& db, const TensorView& dloss,
     const TensorView& hidden, const TensorView& w, const TensorView& target, const TensorView& lse,
     const TensorView& b, int64_t ignore_index, double label_smoothing, std::string_view reduction);
+// fused_linear_cross_entropy_with_grad (flce_cuda.cu, Note [flce with grad]).
+void fused_linear_cross_entropy_with_grad_cuda(const Context&, const TensorView& loss, const TensorView& lse,
+                                               const TensorView& dhidden, const TensorView& dw, const TensorView& db,
+                                               const TensorView& hidden, const TensorView& w,
+                                               const TensorView& target, const TensorView& dloss,
+                                               const TensorView& b, int64_t ignore_index, double label_smoothing,
+                                               std::string_view reduction);
+const char* fused_linear_cross_entropy_with_grad_cuda_applicable(
+    const TensorView& loss, const TensorView& lse, const TensorView& dhidden, const TensorView& dw,
+    const TensorView& db, const TensorView& hidden, const TensorView& w, const TensorView& target,
+    const TensorView& dloss, const TensorView& b, int64_t ignore_index, double label_smoothing,
+    std::string_view reduction);
 // Workspace bytes of the last fused_linear_cross_entropy(_backward)_cuda call on this thread
 // (Note [flce cuda blocks]): the op's extra device memory.
 int64_t flce_cuda_last_workspace_bytes();
@@ -56,6 +68,9 @@ struct FlceCudaPlan {
 };
 FlceCudaPlan flce_cuda_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool backward,
                             bool reduced_forward);
+// Note [flce with grad]: fused_linear_cross_entropy_with_grad's token blocks of whole rows
+// (vocab_cols = V), or token_rows 0 when the call runs the forward and the backward instead.
+FlceCudaPlan flce_cuda_with_grad_plan(int64_t tokens, int64_t hidden, int64_t vocab, DType dtype, bool reduced);
 
 // register_linear_cuda registers linear's kernels and calls register_flce_cuda.
 void register_linear_cuda(Registry& reg);

@@ -181,4 +181,16 @@ void fused_linear_cross_entropy_backward_reference(
     for (int64_t k = 0; k < h; ++k) put(dhidden, n, k, dx[size_t(n * h + k)]);
 }
 
+// The two ops' references in turn: the backward reads the lse the forward has just written.
+void fused_linear_cross_entropy_with_grad_reference(
+    const Context& ctx, const TensorView& loss, const TensorView& lse, const TensorView& dhidden,
+    const TensorView& dw, const TensorView& db, const TensorView& hidden, const TensorView& w,
+    const TensorView& target, const TensorView& dloss, const TensorView& b, int64_t ignore_index,
+    double label_smoothing, std::string_view reduction) {
+  fused_linear_cross_entropy_reference(ctx, loss, lse, hidden, w, target, b, ignore_index,
+                                       label_smoothing, reduction);
+  fused_linear_cross_entropy_backward_reference(ctx, dhidden, dw, db, dloss, hidden, w, target,
+                                                lse, b, ignore_index, label_smoothing, reduction);
+}
+
 }  // namespace opforge

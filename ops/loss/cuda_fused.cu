@@ -53,6 +53,7 @@
 #include <mutex>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/loss/loss_cuda.cuh"
@@ -77,10 +78,12 @@ __device__ __forceinline__ float cap(float x, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
 }
 
-template <class T> struct FusedArgs {
+// TOut: the gradient's dtype, T's except for f32 logits of a 16-bit model
+// (fused_linear_cross_entropy_with_grad's token blocks, ce_grad_rows below).
+template <class T, class TOut = T> struct FusedArgs {
   const T* logits;
   int64_t logits_stride;
-  T* dlogits;
+  TOut* dlogits;
   int64_t dlogits_stride;
   int64_t rows, vocab;
   const int64_t* target;
@@ -175,8 +178,8 @@ struct RowScalars {
   bool ignored, writer;  // writer: rank 0, thread 0 writes the row's lse and loss
   float zt, g;           // z[target] (writer only) and the upstream gradient
 };
-template <class T>
-__device__ __forceinline__ RowScalars row_scalars(const FusedArgs<T>& p, float softcap) {
+template <class P>
+__device__ __forceinline__ RowScalars row_scalars(const P& p, float softcap) {
   const cg::cluster_group cluster = cg::this_cluster();
   RowScalars r;
   r.rank = cluster.block_rank();
@@ -203,8 +206,8 @@ __device__ __forceinline__ RowScalars row_scalars(const FusedArgs<T>& p, float s
 // same bits); the writer stores the row's lse and loss. Returns the row's lse to every thread.
 // Ends with this CTA's arrive on the cluster barrier: the kernel's closing cluster_wait() keeps
 // `partial` alive until every CTA has read it.
-template <class T>
-__device__ __forceinline__ float cluster_row_lse(const FusedArgs<T>& p, const RowScalars& r, Partial mine,
+template <class P>
+__device__ __forceinline__ float cluster_row_lse(const P& p, const RowScalars& r, Partial mine,
                                                  Partial& partial, float& row_lse, float smoothing) {
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned ranks = cluster.num_blocks();
@@ -383,8 +386,23 @@ template <int kSt> __device__ __forceinline__ void wait_stage(int s) {
   }
 }
 
-template <class T>
-__global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T> p, int64_t slice_units) {
+// One pack of gradients: 16 bytes, or 8 where f32 logits give a 16-bit gradient.
+template <class T, class TOut> __device__ __forceinline__ void store_grad(TOut* at, const PackFloats<T>& d) {
+  if constexpr (std::is_same_v<T, TOut>) {
+    store_pack(at, narrow_pack(d));
+  } else {
+    static_assert(std::is_same_v<T, float> && sizeof(TOut) == 2, "f32 logits, 16-bit gradient");
+    TOut h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = from_f32<TOut>(d.v[j]);
+    uint2 w;
+    __builtin_memcpy(&w, h, sizeof(w));
+    *reinterpret_cast<uint2*>(at) = w;
+  }
+}
+
+template <class T, class TOut>
+__global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T, TOut> p, int64_t slice_units) {
   constexpr int W = Pack<T>::n;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ Stats stats_scratch[kThreads / 32];
@@ -446,12 +464,12 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T
   if (smoothing > 0.0f) sum_z = row_sum(sum_z, kThreads, sum_scratch);
   const float lse = cluster_row_lse(p, r, Partial{st.m, st.s, sum_z}, partial, row_lse, smoothing);
 
-  T* out = p.dlogits + r.row * p.dlogits_stride + begin * W;
+  TOut* out = p.dlogits + r.row * p.dlogits_stride + begin * W;
   if (r.ignored) {
     PackFloats<T> d;
 #pragma unroll
     for (int j = 0; j < W; ++j) d.v[j] = 0.0f;
-    for (int64_t k = 0; k < mine; ++k) store_pack(out + (threadIdx.x + k * kThreads) * W, narrow_pack(d));
+    for (int64_t k = 0; k < mine; ++k) store_grad<T, TOut>(out + (threadIdx.x + k * kThreads) * W, d);
   } else {
     const GradForm f = grad_form(r, lse, p.z_scale, smoothing, p.vocab, begin, n, W);
 #pragma unroll
@@ -471,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T
           for (int j = 0; j < W; ++j)
             if (j == f.t_lane) d.v[j] = fmaf(a, e[j], f.gb_target);
         }
-        store_pack(out + u * W, narrow_pack(d));
+        store_grad<T, TOut>(out + u * W, d);
       }
     }
   }
@@ -581,7 +599,7 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
     // the training default (no softcap, no label smoothing).
     void (*kernel)(FusedArgs<T>, int64_t) = nullptr;
     if constexpr (kVec)
-      kernel = softcap == 0.0 ? &with_grad_once_kernel<T> : &with_grad_cluster_kernel<T, true, false>;
+      kernel = softcap == 0.0 ? &with_grad_once_kernel<T, T> : &with_grad_cluster_kernel<T, true, false>;
     else
       kernel = softcap == 0.0 && label_smoothing == 0.0 ? &with_grad_cluster_kernel<T, false, true>
                                                         : &with_grad_cluster_kernel<T, false, false>;
@@ -628,10 +646,72 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
   });
 }
 
+// The exp-once kernel over rows of f32 logits (ce_grad_rows, loss_cuda.h), TOut the gradient's dtype.
+template <class TOut> void* rows_kernel() {
+  return reinterpret_cast<void*>(&with_grad_once_kernel<float, TOut>);
+}
+void* rows_kernel_for(DType grad) {
+  switch (grad) {
+    case DType::f32: return rows_kernel<float>();
+    case DType::f16: return rows_kernel<__half>();
+    case DType::bf16: return rows_kernel<__nv_bfloat16>();
+    default: return nullptr;
+  }
+}
+CeGradClusterPlan rows_plan(int device, int64_t vocab) {
+  const CudaDeviceProps& props = cuda_device_props(device);
+  return ce_grad_cluster_plan(vocab, 4, 4, props.cc_major, smem_budget(props), props.shared_per_sm / 3 - kSmemMargin,
+                              forced_cluster());
+}
+
 }  // namespace
 }  // namespace cuda::loss
 
 using namespace cuda::loss;  // NOLINT
+
+bool ce_grad_rows_fit(const Context& ctx, int64_t vocab, DType grad_dtype) {
+  void* kernel = rows_kernel_for(grad_dtype);
+  if (kernel == nullptr || vocab <= 0 || vocab % 4 != 0) return false;
+  cuda::DeviceGuard guard(ctx.device.index);
+  const CeGradClusterPlan plan = rows_plan(ctx.device.index, vocab);
+  return plan.cluster > 0 && cluster_fits(ctx.device.index, kernel, plan,
+                                          smem_budget(cuda_device_props(ctx.device.index)));
+}
+
+void ce_grad_rows(const Context& ctx, const CeGradRows& a) {
+  if (a.rows == 0) return;
+  cuda::DeviceGuard guard(ctx.device.index);
+  const CeGradClusterPlan plan = rows_plan(ctx.device.index, a.vocab);
+  auto launch_with = [&](auto out_tag) {
+    using TOut = decltype(out_tag);
+    FusedArgs<float, TOut> p{};
+    p.logits = a.logits, p.logits_stride = a.ld;
+    p.dlogits = static_cast<TOut*>(a.grad), p.dlogits_stride = a.grad_ld;
+    p.rows = a.rows, p.vocab = a.vocab;
+    p.target = a.target, p.target_stride = a.target_stride;
+    p.dloss = a.up, p.dloss_dtype = a.up_dtype, p.dloss_stride = a.up_stride;
+    p.kept = nullptr;
+    p.loss = a.loss, p.loss_stride = a.loss_stride;
+    p.lse = a.lse, p.lse_stride = a.lse_stride;
+    p.ignore_index = a.ignore_index;
+    p.smoothing = a.smoothing, p.z_scale = 0.0f, p.softcap = 0.0f;
+    const int64_t clusters_x = std::min<int64_t>(a.rows, (int64_t(1) << 31) / kMaxCluster);
+    ClusterLaunch launch(plan, dim3(unsigned(clusters_x * plan.cluster), unsigned((a.rows + clusters_x - 1) / clusters_x)),
+                         cuda::stream_of(ctx));
+    const cudaError_t status = cudaLaunchKernelEx(&launch.config, &with_grad_once_kernel<float, TOut>, p,
+                                                  int64_t(plan.slice / 4));
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      cuda::throw_cuda_error("fused_linear_cross_entropy_with_grad cluster kernel launch", status);
+    }
+  };
+  switch (a.grad_dtype) {
+    case DType::f32: return launch_with(float{});
+    case DType::f16: return launch_with(__half{});
+    case DType::bf16: return launch_with(__nv_bfloat16{});
+    default: cuda::throw_cuda_error("fused_linear_cross_entropy_with_grad: gradient dtype", cudaErrorInvalidValue);
+  }
+}
 
 void cross_entropy_with_grad_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse,
                                   const TensorView& dlogits, const TensorView& logits, const TensorView& target,

@@ -126,6 +126,37 @@ inline CeGradClusterPlan ce_grad_cluster_plan(int64_t vocab, int64_t itemsize, i
   return plan;
 }
 
+// cross_entropy_with_grad's exp-once cluster kernel (Note [ce with grad, exp once]) over rows of f32
+// logits already in device memory: fused_linear_cross_entropy_with_grad's token blocks
+// (ops/linear/flce_cuda.cu). Writes lse and loss per row and the gradient g (softmax - (1 - ls)
+// onehot - ls / V), g = up[row * up_stride] (0 for an ignored row), no z-loss or softcap. `grad`
+// may hold the gradient in place of the logits, row by row (grad row r starting where logits row r
+// starts, grad_ld elements of grad_dtype apart): a cluster has its whole row in shared memory
+// before any gradient is written. Needs vocab and ld multiples of 4 and 16-byte aligned rows.
+struct CeGradRows {
+  const float* logits;
+  int64_t ld;
+  void* grad;
+  DType grad_dtype;
+  int64_t grad_ld;
+  int64_t rows, vocab;
+  const int64_t* target;
+  int64_t target_stride;
+  const void* up;
+  DType up_dtype;
+  int64_t up_stride;
+  float* loss;
+  int64_t loss_stride;
+  float* lse;
+  int64_t lse_stride;
+  int64_t ignore_index;
+  float smoothing;
+};
+// Whether ce_grad_rows can run rows of `vocab` f32 logits writing `grad_dtype` on ctx's device (a
+// cluster that holds a row and can be co-scheduled).
+bool ce_grad_rows_fit(const Context& ctx, int64_t vocab, DType grad_dtype);
+void ce_grad_rows(const Context& ctx, const CeGradRows& rows);
+
 // kl_div, jsd, tvd and their backward ops (ops/loss/cuda_divergence.cu), same two kernels per op.
 void kl_div_cuda(const Context&, const TensorView& loss, const TensorView& y_pred, const TensorView& y_true,
                  bool log_target, std::string_view reduction, double eps);

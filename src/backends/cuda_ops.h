@@ -25,7 +25,7 @@ inline constexpr std::string_view kOpsWithCudaKernels[] = {
     "quant_fp8",
     "kl_div",           "kl_div_backward",            "jsd",                "jsd_backward",
     "tvd",              "tvd_backward",               "fused_linear_cross_entropy",
-    "fused_linear_cross_entropy_backward",
+    "fused_linear_cross_entropy_backward",              "fused_linear_cross_entropy_with_grad",
     "attention_prefill_backward",
     "moe_permute",      "moe_unpermute",
     "all_reduce",
