@@ -123,6 +123,65 @@ TEST(FlceChecks, RejectsBadArguments) {
                    "lse");
 }
 
+// fused_linear_cross_entropy_with_grad checks the forward's arguments, the backward's dloss and
+// gradients, and that no output overlaps another or an input.
+TEST(FlceChecks, WithGradRejectsBadArguments) {
+  FlceArgs a;
+  Tensor dh = Tensor::zeros({4, 8}, DType::f32), dw = Tensor::zeros({6, 8}, DType::f32);
+  Tensor db = Tensor::zeros({6}, DType::f32), dloss = Tensor::zeros({}, DType::f32);
+  auto check = [&](const TensorView& loss, const TensorView& lse, const TensorView& dhidden, const TensorView& dwv,
+                   const TensorView& dl, const TensorView& target, std::string_view r = "mean") {
+    FusedLinearCrossEntropyWithGrad::check(loss, lse, dhidden, dwv, db, a.hidden, a.w, target, dl, TensorView{},
+                                           -100, 0.0, r);
+  };
+  EXPECT_NO_THROW(check(a.loss, a.lse, dh, dw, dloss, a.target));
+  EXPECT_NO_THROW(check(a.loss_none, a.lse, dh, dw, Tensor::zeros({4}, DType::bf16), a.target, "none"));
+  expect_arg_error([&] { check(a.loss, a.lse, dh, dw, dloss, values({4}, DType::i64, {1, 6, 5, 0})); }, "target",
+                   "6 at index 1");
+  expect_arg_error([&] { check(a.loss_none, a.lse, dh, dw, dloss, a.target); }, "loss", "shape []");
+  expect_arg_error([&] { check(a.loss, Tensor::zeros({4}, DType::bf16), dh, dw, dloss, a.target); }, "lse",
+                   "dtype f32");
+  expect_arg_error([&] { check(a.loss, a.lse, dh, dw, a.loss_none, a.target); }, "dloss", "shape []");
+  expect_arg_error([&] { check(a.loss, a.lse, dh, dw, values({}, DType::i64, {1}), a.target); }, "dloss");
+  expect_arg_error([&] { check(a.loss, a.lse, Tensor::zeros({4, 9}, DType::f32), dw, dloss, a.target); }, "dhidden",
+                   "[4, 8]");
+  expect_arg_error([&] { check(a.loss, a.lse, dh, Tensor::zeros({6, 8}, DType::bf16), dloss, a.target); }, "dw",
+                   "dtype");
+  expect_arg_error([&] { check(a.loss, a.lse, a.hidden, dw, dloss, a.target); }, "dhidden", "overlap");
+  expect_arg_error([&] { check(a.loss, a.lse, dh, dh, dloss, a.target); }, "dw");
+}
+
+// The cpu kernel is the forward then the backward from the lse just written: the same bits as the
+// two kernels called in turn.
+TEST(FlceCpu, WithGradIsTheForwardThenTheBackward) {
+  const int64_t tokens = 37, h = 24, vocab = 50;
+  Tensor target = values({tokens}, DType::i64, std::vector<double>(size_t(tokens), 3.0));
+  for (int64_t n = 0; n < tokens; n += 5) static_cast<int64_t*>(target.data())[n] = n % 2 ? -100 : n % vocab;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor hidden = filled({tokens, h}, dtype, 21), w = filled({vocab, h}, dtype, 22), b = filled({vocab}, dtype, 23);
+    for (const char* r : {"mean", "none"}) {
+      SCOPED_TRACE(r);
+      const Shape ls = std::string_view(r) == "none" ? Shape{tokens} : Shape{};
+      Tensor dloss = filled(ls, DType::f32, 24);
+      Tensor loss = Tensor::zeros(ls, DType::f32), lse = Tensor::zeros({tokens}, DType::f32);
+      Tensor dh = Tensor::zeros({tokens, h}, dtype), dw = Tensor::zeros({vocab, h}, dtype);
+      Tensor db = Tensor::zeros({vocab}, dtype);
+      fused_linear_cross_entropy_with_grad_cpu(kCtx, loss, lse, dh, dw, db, hidden, w, target, dloss, b, -100, 0.1, r);
+      Tensor loss2 = Tensor::zeros(ls, DType::f32), lse2 = Tensor::zeros({tokens}, DType::f32);
+      Tensor dh2 = Tensor::zeros({tokens, h}, dtype), dw2 = Tensor::zeros({vocab, h}, dtype);
+      Tensor db2 = Tensor::zeros({vocab}, dtype);
+      fused_linear_cross_entropy_cpu(kCtx, loss2, lse2, hidden, w, target, b, -100, 0.1, r);
+      fused_linear_cross_entropy_backward_cpu(kCtx, dh2, dw2, db2, dloss, hidden, w, target, lse2, b, -100, 0.1, r);
+      for (const auto& [got, want] : {std::pair{&loss, &loss2}, {&lse, &lse2}, {&dh, &dh2}, {&dw, &dw2}, {&db, &db2}})
+        EXPECT_EQ(0, std::memcmp(got->data(), want->data(), size_t(got->nbytes())));
+      double dh_sum = 0;
+      for (int64_t i = 0; i < dh.numel(); ++i) dh_sum += std::abs(at(dh, i));
+      EXPECT_GT(dh_sum, 0.0);  // a gradient was written
+    }
+  }
+}
+
 TEST(EmbeddingChecks, RejectsBadArguments) {
   Tensor w = filled({5, 3}, DType::bf16, 1), ids = values({4}, DType::i32, {0, 4, 2, 2});
   Tensor y = Tensor::zeros({4, 3}, DType::bf16);

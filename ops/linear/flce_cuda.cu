@@ -160,6 +160,16 @@ constexpr int64_t kFloorBlockBytes = int64_t(32) << 20;
 int64_t up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Byte offsets in the workspace, after cuBLASLt's share, each region aligned.
+struct Layout {
+  int64_t at = up(lt::kWorkspaceBytes);
+  int64_t take(int64_t bytes) {
+    const int64_t off = at;
+    at += up(std::max<int64_t>(bytes, 0));
+    return off;
+  }
+};
+
 struct Plan {
   int64_t tokens = 0, h = 0, vocab = 0;
   int64_t rows = 0, cols = 0, ld = 0;  // a block: rows x cols, row stride ld (elements)
@@ -211,12 +221,8 @@ Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backwa
   p.rows = std::max<int64_t>(1, std::min(rows, tokens));
   p.cols = std::max<int64_t>(1, std::min(cols, vocab));
   p.ld = ceil_div(p.cols, 8) * 8;
-  int64_t at = up(lt::kWorkspaceBytes);
-  auto take = [&](int64_t bytes) {
-    const int64_t off = at;
-    at += up(std::max<int64_t>(bytes, 0));
-    return off;
-  };
+  Layout layout;
+  auto take = [&](int64_t bytes) { return layout.take(bytes); };
   p.logits = take(p.rows * p.ld * 4);
   p.g = take(p.g16 ? p.rows * p.ld * s : 0);
   p.partial = take(backward ? ceil_div(p.rows, kGroupRows) * p.ld * 4 : 0);
@@ -225,7 +231,7 @@ Plan plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, bool backwa
   p.row_loss = take(reduced_forward ? tokens * 4 : 0);
   p.db_acc = take(backward ? vocab * 4 : 0);
   p.scalars = take(2 * 4);
-  p.total = at;
+  p.total = layout.at;
   return p;
 }
 
@@ -257,18 +263,14 @@ Plan with_grad_plan_for(int64_t tokens, int64_t h, int64_t vocab, DType dtype, b
   forced_block(&forced_rows, &forced_cols);
   if (forced_rows > 0) p.rows = forced_cols < vocab ? 0 : std::min(forced_rows, all);
   if (p.rows == 0) return p;
-  int64_t at = up(lt::kWorkspaceBytes);
-  auto take = [&](int64_t bytes) {
-    const int64_t off = at;
-    at += up(std::max<int64_t>(bytes, 0));
-    return off;
-  };
+  Layout layout;
+  auto take = [&](int64_t bytes) { return layout.take(bytes); };
   p.logits = take(p.rows * p.ld * 4);
   p.partial = take(ceil_div(p.rows, kGroupRows) * p.ld * 4);
   p.row_loss = take(reduced ? tokens * 4 : 0);
   p.db_acc = take(vocab * 4);
   p.scalars = take(2 * 4);
-  p.total = at;
+  p.total = layout.at;
   return p;
 }
 
@@ -557,6 +559,15 @@ void block_logits(const Call& c, int64_t n0, int64_t rows, int64_t v0, int64_t c
   gemm(c.ctx, g, c.ws);
 }
 
+// The f32 regions of a plan in the call's workspace.
+struct Regions {
+  float *logits, *partial, *db_acc, *row_loss, *scalars;
+};
+Regions regions(const Plan& p, char* ws) {
+  auto f32 = [&](int64_t offset) { return reinterpret_cast<float*>(ws + offset); };
+  return Regions{f32(p.logits), f32(p.partial), f32(p.db_acc), f32(p.row_loss), f32(p.scalars)};
+}
+
 RowState row_state(const Plan& p, char* ws) {
   float* base = reinterpret_cast<float*>(ws + p.stats);
   return RowState{base, base + p.rows, base + 2 * p.rows, base + 3 * p.rows};
@@ -583,6 +594,18 @@ Upstream upstream_of(const Context& ctx, const TensorView& dloss, const TensorVi
     u = Upstream{scalars + 1, DType::f32, 0};
   }
   return u;
+}
+
+// loss = the sum (sum) or mean over counted tokens (mean; 0 when none counts) of the per-token
+// losses (Note [loss row reduction]).
+void reduce_losses(const Context& ctx, const float* row_loss, const TensorView& target, int64_t ignore_index,
+                   std::string_view reduction, const TensorView& loss) {
+  cuda::loss::RowReduce r;
+  r.losses = row_loss, r.rows = target.size(0), r.labels = target.ptr<int64_t>();
+  r.labels_stride = cuda::loss::stride0(target);
+  r.ignore_index = ignore_index, r.divide = reduction == "mean", r.zero_if_none_kept = true;
+  r.out = loss.ptr<float>();
+  cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy reduction launch");
 }
 
 }  // namespace
@@ -631,12 +654,7 @@ void fused_linear_cross_entropy_cuda(const Context& ctx, const TensorView& loss,
     finish_rows_kernel<<<cuda::grid_for(rows, 256), 256, 0, stream>>>(f);
     cuda::check_launch("fused_linear_cross_entropy row finish launch");
   }
-  if (none) return;
-  cuda::loss::RowReduce r;
-  r.losses = row_loss, r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = target_stride;
-  r.ignore_index = ignore_index, r.divide = reduction == "mean", r.zero_if_none_kept = true;
-  r.out = loss.ptr<float>();
-  cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy reduction launch");
+  if (!none) reduce_losses(ctx, row_loss, target, ignore_index, reduction, loss);
 }
 
 void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorView& dhidden, const TensorView& dw,
@@ -654,10 +672,8 @@ void fused_linear_cross_entropy_backward_cuda(const Context& ctx, const TensorVi
   char* ws = static_cast<char*>(cuda_workspace(ctx, plan.total));
   const Call c{ctx, hidden, w, target, b, plan, ws, ld_of(hidden, h), ld_of(w, h)};
   const int64_t dh_ld = ld_of(dhidden, h), dw_ld = ld_of(dw, h), item = dtype_size(dtype);
-  float* logits = reinterpret_cast<float*>(ws + plan.logits);
-  float* partial = reinterpret_cast<float*>(ws + plan.partial);
-  float* db_acc = reinterpret_cast<float*>(ws + plan.db_acc);
-  float* scalars = reinterpret_cast<float*>(ws + plan.scalars);
+  const Regions at = regions(plan, ws);
+  float *logits = at.logits, *partial = at.partial, *db_acc = at.db_acc, *scalars = at.scalars;
   OPFORGE_CUDA_CHECK(cudaMemsetAsync(db_acc, 0, size_t(vocab) * 4, stream));
   if (tokens == 0 && h > 0)  // dw = 0 (no block writes it)
     OPFORGE_CUDA_CHECK(cudaMemset2DAsync(dw.data, size_t(dw_ld * item), 0, size_t(h * item), size_t(vocab), stream));
@@ -751,13 +767,10 @@ void fused_linear_cross_entropy_with_grad_cuda(const Context& ctx, const TensorV
   char* ws = static_cast<char*>(cuda_workspace(ctx, plan.total));
   const Call c{ctx, hidden, w, target, b, plan, ws, ld_of(hidden, h), ld_of(w, h)};
   const int64_t dh_ld = ld_of(dhidden, h), dw_ld = ld_of(dw, h), item = dtype_size(dtype);
-  float* logits = reinterpret_cast<float*>(ws + plan.logits);
-  float* partial = reinterpret_cast<float*>(ws + plan.partial);
-  float* db_acc = reinterpret_cast<float*>(ws + plan.db_acc);
-  float* row_loss = reinterpret_cast<float*>(ws + plan.row_loss);
-  float* scalars = reinterpret_cast<float*>(ws + plan.scalars);
+  const Regions at = regions(plan, ws);
+  float *logits = at.logits, *partial = at.partial, *db_acc = at.db_acc, *row_loss = at.row_loss;
   OPFORGE_CUDA_CHECK(cudaMemsetAsync(db_acc, 0, size_t(vocab) * 4, stream));
-  const Upstream u = upstream_of(ctx, dloss, target, ignore_index, reduction, scalars);
+  const Upstream u = upstream_of(ctx, dloss, target, ignore_index, reduction, at.scalars);
   const int64_t target_stride = cuda::loss::stride0(target), lse_stride = cuda::loss::stride0(lse);
   const int64_t loss_stride = none ? cuda::loss::stride0(loss) : 1;
   float* losses = none ? loss.ptr<float>() : row_loss;
@@ -801,12 +814,7 @@ void fused_linear_cross_entropy_with_grad_cuda(const Context& ctx, const TensorV
     store_rows_kernel<T><<<elementwise_grid(vocab), 256, 0, stream>>>(db_acc, 1, vocab, db.ptr<T>(), vocab);
     cuda::check_launch("fused_linear_cross_entropy_with_grad db launch");
   });
-  if (none) return;
-  cuda::loss::RowReduce r;
-  r.losses = row_loss, r.rows = tokens, r.labels = target.ptr<int64_t>(), r.labels_stride = target_stride;
-  r.ignore_index = ignore_index, r.divide = reduction == "mean", r.zero_if_none_kept = true;
-  r.out = loss.ptr<float>();
-  cuda::loss::launch_row_reduce(ctx, r, "fused_linear_cross_entropy_with_grad reduction launch");
+  if (!none) reduce_losses(ctx, row_loss, target, ignore_index, reduction, loss);
 }
 
 const char* fused_linear_cross_entropy_with_grad_cuda_applicable(

@@ -143,6 +143,31 @@ void check_lse(const char* op, const TensorView& lse, const TensorView& hidden, 
   expect_same_device(op, "lse", lse, "hidden", hidden);
 }
 
+// loss (the reduction's shape) and lse, written in the loss dtype.
+void check_loss_outputs(const char* op, const TensorView& loss, const TensorView& lse,
+                        const TensorView& hidden, Reduction r) {
+  expect_defined(op, "loss", loss);
+  expect_dtype(op, "loss", loss, loss_dtype(hidden));
+  expect_shape(op, "loss", loss, loss_shape(hidden, r));
+  if (r == Reduction::none) expect_rows_uniform(op, "loss", loss);
+  expect_same_device(op, "loss", loss, "hidden", hidden);
+  check_lse(op, lse, hidden, true);
+}
+
+// dloss (the loss's shape, any floating dtype) and the gradients dhidden, dw, db.
+void check_gradient_args(const char* op, const TensorView& dloss, const TensorView& dhidden,
+                         const TensorView& dw, const TensorView& db, const TensorView& hidden,
+                         const TensorView& w, Reduction r) {
+  expect_defined(op, "dloss", dloss);
+  expect_floating(op, "dloss", dloss);
+  expect_shape(op, "dloss", dloss, loss_shape(hidden, r));
+  expect_rows_uniform(op, "dloss", dloss);
+  expect_same_device(op, "dloss", dloss, "hidden", hidden);
+  check_matrix(op, "dhidden", dhidden, "hidden", hidden, hidden.shape_of());
+  check_matrix(op, "dw", dw, "w", w, w.shape_of());
+  check_matrix(op, "db", db, "w", w, Shape{w.size(0)});
+}
+
 }  // namespace
 
 void FusedLinearCrossEntropy::check(const TensorView& loss, const TensorView& lse,
@@ -152,12 +177,7 @@ void FusedLinearCrossEntropy::check(const TensorView& loss, const TensorView& ls
                                     std::string_view reduction) {
   const Reduction r =
       check_flce_inputs(name, hidden, w, target, b, ignore_index, label_smoothing, reduction);
-  expect_defined(name, "loss", loss);
-  expect_dtype(name, "loss", loss, loss_dtype(hidden));
-  expect_shape(name, "loss", loss, loss_shape(hidden, r));
-  if (r == Reduction::none) expect_rows_uniform(name, "loss", loss);
-  expect_same_device(name, "loss", loss, "hidden", hidden);
-  check_lse(name, lse, hidden, true);
+  check_loss_outputs(name, loss, lse, hidden, r);
   expect_no_overlaps(name, {{"loss", &loss}, {"lse", &lse}},
                      {{"hidden", &hidden}, {"w", &w}, {"target", &target}, {"b", &b}});
 }
@@ -171,14 +191,7 @@ void FusedLinearCrossEntropyBackward::check(const TensorView& dhidden, const Ten
   const Reduction r =
       check_flce_inputs(name, hidden, w, target, b, ignore_index, label_smoothing, reduction);
   check_lse(name, lse, hidden, false);
-  expect_defined(name, "dloss", dloss);
-  expect_floating(name, "dloss", dloss);
-  expect_shape(name, "dloss", dloss, loss_shape(hidden, r));
-  expect_rows_uniform(name, "dloss", dloss);
-  expect_same_device(name, "dloss", dloss, "hidden", hidden);
-  check_matrix(name, "dhidden", dhidden, "hidden", hidden, hidden.shape_of());
-  check_matrix(name, "dw", dw, "w", w, w.shape_of());
-  check_matrix(name, "db", db, "w", w, Shape{w.size(0)});
+  check_gradient_args(name, dloss, dhidden, dw, db, hidden, w, r);
   expect_no_overlaps(name, {{"dhidden", &dhidden}, {"dw", &dw}, {"db", &db}},
                      {{"dloss", &dloss}, {"hidden", &hidden}, {"w", &w}, {"target", &target},
                       {"lse", &lse}, {"b", &b}});
@@ -193,20 +206,8 @@ void FusedLinearCrossEntropyWithGrad::check(const TensorView& loss, const Tensor
                                             std::string_view reduction) {
   const Reduction r =
       check_flce_inputs(name, hidden, w, target, b, ignore_index, label_smoothing, reduction);
-  expect_defined(name, "loss", loss);
-  expect_dtype(name, "loss", loss, loss_dtype(hidden));
-  expect_shape(name, "loss", loss, loss_shape(hidden, r));
-  if (r == Reduction::none) expect_rows_uniform(name, "loss", loss);
-  expect_same_device(name, "loss", loss, "hidden", hidden);
-  check_lse(name, lse, hidden, true);
-  expect_defined(name, "dloss", dloss);
-  expect_floating(name, "dloss", dloss);
-  expect_shape(name, "dloss", dloss, loss_shape(hidden, r));
-  expect_rows_uniform(name, "dloss", dloss);
-  expect_same_device(name, "dloss", dloss, "hidden", hidden);
-  check_matrix(name, "dhidden", dhidden, "hidden", hidden, hidden.shape_of());
-  check_matrix(name, "dw", dw, "w", w, w.shape_of());
-  check_matrix(name, "db", db, "w", w, Shape{w.size(0)});
+  check_loss_outputs(name, loss, lse, hidden, r);
+  check_gradient_args(name, dloss, dhidden, dw, db, hidden, w, r);
   expect_no_overlaps(name,
                      {{"loss", &loss}, {"lse", &lse}, {"dhidden", &dhidden}, {"dw", &dw}, {"db", &db}},
                      {{"dloss", &dloss}, {"hidden", &hidden}, {"w", &w}, {"target", &target}, {"b", &b}});
@@ -271,14 +272,28 @@ void register_linear_ops(Registry& reg) {
       &linear_backward_cpu_applicable);
 }
 
+// fused_linear_cross_entropy's outputs (loss, lse), its backward's (dhidden, dw, db), and the cost
+// of the ops that compute the gradient: three GEMMs of 2 N V H and `per_logit` flops a logit.
+std::vector<OutputSpec> flce_loss_outputs(const ArgList& a) {
+  const TensorView& hidden = a.tensor("hidden");
+  const Reduction r = parse_reduction(a.op(), a.str("reduction"));
+  return {{"loss", loss_shape(hidden, r), loss_dtype(hidden)}, {"lse", Shape{hidden.size(0)}, loss_dtype(hidden)}};
+}
+std::vector<OutputSpec> flce_gradient_outputs(const ArgList& a) {
+  const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
+  return {{"dhidden", hidden.shape_of(), hidden.dtype}, {"dw", w.shape_of(), w.dtype}, {"db", Shape{w.size(0)}, w.dtype}};
+}
+Cost flce_gradient_cost(const ArgList& a, double per_logit) {
+  const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
+  const double nv = double(hidden.size(0)) * double(w.size(0));
+  return Cost{2 * bytes_of(hidden) + 2 * bytes_of(w) + bytes_of(a.tensor("target")) +
+                  double(w.size(0) * w.itemsize()) + bytes_or_zero(a, "b"),
+              nv * (6.0 * double(hidden.size(1)) + per_logit)};
+}
+
 void register_flce_ops(Registry& reg) {
   OpEntry& op = reg.add_op<FusedLinearCrossEntropy>();
-  op.outputs = [](const ArgList& a) {
-    const TensorView& hidden = a.tensor("hidden");
-    const Reduction r = parse_reduction(a.op(), a.str("reduction"));
-    return std::vector<OutputSpec>{{"loss", loss_shape(hidden, r), loss_dtype(hidden)},
-                                   {"lse", Shape{hidden.size(0)}, loss_dtype(hidden)}};
-  };
+  op.outputs = flce_loss_outputs;
   op.cost = [](const ArgList& a) {
     const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
     const double nv = double(hidden.size(0)) * double(w.size(0));
@@ -293,20 +308,9 @@ void register_flce_ops(Registry& reg) {
       &fused_linear_cross_entropy_cpu, &fused_linear_cross_entropy_cpu_applicable);
 
   OpEntry& bwd = reg.add_op<FusedLinearCrossEntropyBackward>();
-  bwd.outputs = [](const ArgList& a) {
-    const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
-    return std::vector<OutputSpec>{{"dhidden", hidden.shape_of(), hidden.dtype},
-                                   {"dw", w.shape_of(), w.dtype},
-                                   {"db", Shape{w.size(0)}, w.dtype}};
-  };
-  bwd.cost = [](const ArgList& a) {
-    const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
-    const double nv = double(hidden.size(0)) * double(w.size(0));
-    // Logits again (2NVH), dhidden (2NVH), dw (2NVH), softmax gradient (~6 per logit).
-    return Cost{2 * bytes_of(hidden) + 2 * bytes_of(w) + bytes_of(a.tensor("target")) +
-                    double(w.size(0) * w.itemsize()) + bytes_or_zero(a, "b"),
-                nv * (6.0 * double(hidden.size(1)) + 6.0)};
-  };
+  bwd.outputs = flce_gradient_outputs;
+  // Logits again (2NVH), dhidden (2NVH), dw (2NVH), softmax gradient (~6 per logit).
+  bwd.cost = [](const ArgList& a) { return flce_gradient_cost(a, 6.0); };
   bwd.cases = fused_linear_cross_entropy_backward_cases;
   reg.add_kernel<FusedLinearCrossEntropyBackward>(reference_desc(),
                                                   &fused_linear_cross_entropy_backward_reference);
@@ -316,28 +320,17 @@ void register_flce_ops(Registry& reg) {
       &fused_linear_cross_entropy_backward_cpu_applicable);
 }
 
-
 // Both in one call: the forward's outputs and the backward's, the three GEMMs of the unfused form
 // (logits once: what a kernel that keeps a token block's whole row of logits does).
 void register_flce_with_grad_op(Registry& reg) {
   OpEntry& op = reg.add_op<FusedLinearCrossEntropyWithGrad>();
   op.outputs = [](const ArgList& a) {
-    const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
-    const Reduction r = parse_reduction(a.op(), a.str("reduction"));
-    return std::vector<OutputSpec>{{"loss", loss_shape(hidden, r), loss_dtype(hidden)},
-                                   {"lse", Shape{hidden.size(0)}, loss_dtype(hidden)},
-                                   {"dhidden", hidden.shape_of(), hidden.dtype},
-                                   {"dw", w.shape_of(), w.dtype},
-                                   {"db", Shape{w.size(0)}, w.dtype}};
+    std::vector<OutputSpec> out = flce_loss_outputs(a);
+    for (OutputSpec& g : flce_gradient_outputs(a)) out.push_back(std::move(g));
+    return out;
   };
-  op.cost = [](const ArgList& a) {
-    const TensorView &hidden = a.tensor("hidden"), &w = a.tensor("w");
-    const double nv = double(hidden.size(0)) * double(w.size(0));
-    // Logits, dhidden and dw (2NVH each), statistics and gradient (~10 per logit).
-    return Cost{2 * bytes_of(hidden) + 2 * bytes_of(w) + bytes_of(a.tensor("target")) +
-                    double(w.size(0) * w.itemsize()) + bytes_or_zero(a, "b"),
-                nv * (6.0 * double(hidden.size(1)) + 10.0)};
-  };
+  // Logits, dhidden and dw (2NVH each), statistics and gradient (~10 per logit).
+  op.cost = [](const ArgList& a) { return flce_gradient_cost(a, 10.0); };
   op.cases = fused_linear_cross_entropy_with_grad_cases;
   reg.add_kernel<FusedLinearCrossEntropyWithGrad>(reference_desc(),
                                                   &fused_linear_cross_entropy_with_grad_reference);

@@ -37,6 +37,11 @@
 //  - Assumes what the vec16 predicate checks: every row 16-byte aligned (base and stride) and
 //    hidden a multiple of the 16-byte pack, so a row is a whole number of 16-byte units, as a bulk
 //    copy needs. With less than two stages' room the caller runs the register-resident kernel.
+//  - dx (and dresidual) leave with streaming stores (Note [streaming stores] in cuda_launch.cuh):
+//    H200, same call, two rounds, fused_add_rms_norm_backward 16,384 x 4,096 bf16 217.1 -> 214.3 /
+//    213.9 us (88.4% -> 90.1 / 89.6% of copy), f16 215.5 -> 213.4 / 212.9, 1,024 tokens bf16
+//    20.5 / 19.6 -> 18.2 / 17.3 us; rms_norm_backward bf16 unchanged (109.6 / 109.3 against 109.9 /
+//    109.9), f16 115.8 / 115.4 -> 114.4 / 114.1 (docs/perf/gpu-h200-2026-11-29-round24.md).
 //  - OPFORGE_CUDA_NORM_BULK=0 turns the pipeline off (side-by-side timing, and checks of the
 //    register-resident kernel at many rows).
 // f32 arithmetic, int64 row offsets, launches on ctx.stream, no host synchronization.
@@ -156,8 +161,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
         out.v[j] = from_f32<T>(dx);
         dw[k][j] += g * v * scale.x;
       }
-      store_pack(p.dx + i * N, out);
-      if constexpr (kFused) store_pack(p.dr + i * N, out);
+      store_pack_streaming(p.dx + i * N, out);  // Note [streaming stores]
+      if constexpr (kFused) store_pack_streaming(p.dr + i * N, out);
     }
     if (++s == stages) s = 0, parity ^= 1u;
   }
