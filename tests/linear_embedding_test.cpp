@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_info.h"
+#include "backends/cpu/tiling.h"
 #include "opforge/error.h"
 #include "opforge/registry.h"
 #include "ops/embedding/internal.h"
@@ -335,6 +336,46 @@ TEST(EmbeddingCpu, BackwardIsDeterministicAcrossThreadCounts) {
     for (const Tensor& r : results)
       EXPECT_EQ(std::memcmp(r.data(), results[0].data(), size_t(r.nbytes())), 0) << dtype_name(t);
   }
+}
+
+// Past the cache share (Note [streaming stores]) the backward writes dw by non-temporal stores:
+// the same bits as plain stores, for rows of no token, one token and many. A 64 KiB L3 makes
+// this small call stream; rows of 72 bf16 (144 bytes) in a 128-element (256-byte) row stride give
+// each row a tail past its last whole vector.
+TEST(EmbeddingCpu, BackwardStreamingStoresMatchPlainStores) {
+  const int64_t tokens = 600, vocab = 700, dim = 72, ld = 128;
+  std::mt19937 gen(3);
+  std::vector<double> id_values(static_cast<size_t>(tokens));
+  for (double& v : id_values) v = double(gen() % 40);  // hot rows: sums of many dy rows
+  for (int64_t i = 0; i < 10; ++i) id_values[size_t(i * 7)] = double(100 + i);  // rows of one token
+  Tensor ids = values({tokens}, DType::i64, id_values);
+  Tensor w_store = filled({vocab, ld}, DType::bf16, 31), dy_store = filled({tokens, ld}, DType::bf16, 32);
+  const int64_t strides[2] = {ld, 1};
+  const TensorView w(w_store.data(), DType::bf16, Shape{vocab, dim}, strides);
+  const TensorView dy(dy_store.data(), DType::bf16, Shape{tokens, dim}, strides);
+  auto run = [&](int64_t l3, Tensor& y_store, Tensor& dw_store) {
+    y_store = Tensor::zeros({tokens, ld}, DType::bf16), dw_store = Tensor::zeros({vocab, ld}, DType::bf16);
+    const TensorView y(y_store.data(), DType::bf16, Shape{tokens, dim}, strides);
+    const TensorView dw(dw_store.data(), DType::bf16, Shape{vocab, dim}, strides);
+    const int64_t saved = cpu::set_l3_bytes_for_testing(l3);
+    const bool streams = cpu::stream_outputs(double(dw_store.nbytes()), {&dw});
+    embedding_cpu(kCtx, y, ids, w, -1);
+    embedding_backward_cpu(kCtx, dw, dy, ids, w, -1);
+    cpu::set_l3_bytes_for_testing(saved);
+    return streams;
+  };
+  Tensor y_stream, dw_stream, y_plain, dw_plain;
+  ASSERT_TRUE(run(int64_t(64) << 10, y_stream, dw_stream)) << "the case should stream (aligned rows)";
+  ASSERT_FALSE(run(int64_t(64) << 30, y_plain, dw_plain));
+  EXPECT_EQ(std::memcmp(y_stream.data(), y_plain.data(), size_t(y_plain.nbytes())), 0);
+  EXPECT_EQ(std::memcmp(dw_stream.data(), dw_plain.data(), size_t(dw_plain.nbytes())), 0);
+  for (int64_t v : {int64_t(100), int64_t(500)})  // one token's row is its dy row; a row of none is 0
+    for (int64_t k = 0; k < dim; ++k)
+      ASSERT_EQ(at(TensorView(dw_stream.data(), DType::bf16, Shape{vocab, ld}), v * ld + k),
+                v == 100 ? at(dy, 0 * ld + k) : 0.0) << v << " " << k;
+  for (int64_t i = 0; i < tokens; ++i)  // the gather itself
+    ASSERT_EQ(std::memcmp(static_cast<const char*>(y_stream.data()) + i * ld * 2,
+                          static_cast<const char*>(w_store.data()) + id_at(ids, i) * ld * 2, size_t(dim * 2)), 0);
 }
 
 TEST(FlceCpu, MatchesReferenceAndKeepsScratchBelowTheLogits) {

@@ -13,7 +13,8 @@
 //   rows are then split into blocks (Note [tiling]) across OpenMP threads, each row owned by one
 //   thread, which sums its dy rows in f32 Highway vectors in token order and rounds once into
 //   dw. The result does not depend on the thread count. Rows without tokens (and padding_idx)
-//   are written as zeros in the same pass, so dw is written exactly once.
+//   are written as zeros in the same pass, so dw is written exactly once, past the cache by
+//   non-temporal stores as the forward's y.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/embedding/cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -30,12 +31,29 @@ using namespace opforge::cpu::HWY_NAMESPACE;  // NOLINT: the SIMD vocabulary
 using BackwardRows = EmbeddingBackwardRows;
 
 // dw rows [v0, v1): sums of their tokens' dy rows, in token order, through f32 `acc` (dim long).
-template <class T>
+template <class T, bool kStream>
 void sum_rows_typed(const BackwardRows& a, int64_t v0, int64_t v1, float* acc) {
   const T* dy = static_cast<const T*>(a.dy);
   T* dw = static_cast<T*>(a.dw);
+  // A whole vector at an offset of whole vectors from a 64-byte aligned row start is aligned.
+  auto put_row = [&](T* out, auto&& value) {
+    for_each_vector(a.dim, [&](int64_t j, size_t count) {
+      if (kStream && count == hn::Lanes(DF())) store<true>(value(j, count), out + j);
+      else store_n(value(j, count), out + j, count);
+    });
+  };
   for (int64_t v = v0; v < v1; ++v) {
     const int64_t begin = a.starts[v], end = a.starts[v + 1];
+    T* out = dw + v * a.dw_stride;
+    // Most rows of a large vocabulary have no token or one (at 16,384 tokens over 32,000 rows, 60%
+    // and 31%): written straight from zero or from 0 + the dy row, the same values as the sum below.
+    if (end - begin <= 1) {
+      const T* row = end > begin ? dy + a.order[begin] * a.dy_stride : nullptr;
+      put_row(out, [&](int64_t j, size_t count) {
+        return row ? hn::Add(hn::Zero(DF()), load_n(row + j, count)) : hn::Zero(DF());
+      });
+      continue;
+    }
     for_each_vector(a.dim, [&](int64_t j, size_t count) { store_n(hn::Zero(DF()), acc + j, count); });
     for (int64_t k = begin; k < end; ++k) {
       const T* row = dy + a.order[k] * a.dy_stride;
@@ -43,16 +61,21 @@ void sum_rows_typed(const BackwardRows& a, int64_t v0, int64_t v1, float* acc) {
         store_n(hn::Add(load_n(acc + j, count), load_n(row + j, count)), acc + j, count);
       });
     }
-    T* out = dw + v * a.dw_stride;
-    for_each_vector(a.dim, [&](int64_t j, size_t count) { store_n(load_n(acc + j, count), out + j, count); });
+    put_row(out, [&](int64_t j, size_t count) { return load_n(acc + j, count); });
   }
+  if constexpr (kStream) hwy::FlushStream();
+}
+
+template <class T> void sum_rows_for(const BackwardRows& a, int64_t v0, int64_t v1, float* acc) {
+  if (a.stream) sum_rows_typed<T, true>(a, v0, v1, acc);
+  else sum_rows_typed<T, false>(a, v0, v1, acc);
 }
 
 void sum_rows(const BackwardRows& a, DType dtype, int64_t v0, int64_t v1, float* acc) {
   switch (dtype) {
-    case DType::bf16: return sum_rows_typed<bf16_t>(a, v0, v1, acc);
-    case DType::f16: return sum_rows_typed<f16_t>(a, v0, v1, acc);
-    default: return sum_rows_typed<float>(a, v0, v1, acc);
+    case DType::bf16: return sum_rows_for<bf16_t>(a, v0, v1, acc);
+    case DType::f16: return sum_rows_for<f16_t>(a, v0, v1, acc);
+    default: return sum_rows_for<float>(a, v0, v1, acc);
   }
 }
 
@@ -133,6 +156,7 @@ void embedding_backward_cpu(const Context&, const TensorView& dw, const TensorVi
   a.dim = dim;
   a.order = order.data();
   a.starts = starts.data();
+  a.stream = cpu::stream_outputs(double(vocab) * double(dim * dw.itemsize()) + double(bytes_of(dy)), {&dw});
   // Vocab rows per task: Note [tiling] with one f32 accumulator row and a dw row per unit.
   const cpu::RowTasks blocks = row_blocks(vocab, dim, 4 + dw.itemsize());
   auto* sum_fn = HWY_DYNAMIC_DISPATCH(embedding_simd::sum_rows);

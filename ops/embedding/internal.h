@@ -34,6 +34,7 @@ struct EmbeddingBackwardRows {
   int64_t dim = 0;
   const int64_t* order = nullptr;   // token indices grouped by id, increasing within a group
   const int64_t* starts = nullptr;  // tokens of row v: order[starts[v] .. starts[v + 1])
+  bool stream = false;              // dw rows 64-byte aligned, written non-temporally
 };
 
 // ---- cases.cpp ----------------------------------------------------------------------------------
