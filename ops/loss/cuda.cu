@@ -129,7 +129,10 @@ __device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row
   float loss = 0.0f;
   if (t != p.o.ignore_index) {
     const float eps = p.o.smoothing / float(p.vocab);
-    loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.smoothing * lse - eps * sum_z + p.o.z_scale * lse * lse;
+    loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.z_scale * lse * lse;
+    // Only with smoothing: masked (-inf) logits make sum_z -inf, and 0 * -inf would turn the
+    // loss of such a row NaN (the reference's test too).
+    if (p.o.smoothing > 0.0f) loss += p.o.smoothing * lse - eps * sum_z;
   }
   p.loss[row * p.loss_stride] = loss;
   return loss;
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) 
     Stats st{-INFINITY, 0.0f};
     float sum_z = 0.0f;
     if (live) scan_units<T, kVec, false>(p.logits + row * p.logits_stride, tid, units, rt, p.o.softcap, st, sum_z);
-    st = row_stats(st, rt, stats_scratch);
+    st = row_stats<T>(st, rt, stats_scratch);
     if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, rt, sum_scratch);
     if (live && tid == 0) {
       int64_t t;
@@ -178,7 +181,7 @@ __global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, in
   float sum_z = 0.0f;
   scan_units<T, kVec, true>(p.logits + row * p.logits_stride, seg * seg_units + threadIdx.x, end, blockDim.x,
                       p.o.softcap, st, sum_z);
-  st = row_stats(st, int(blockDim.x), stats_scratch);
+  st = row_stats<T>(st, int(blockDim.x), stats_scratch);
   if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, int(blockDim.x), sum_scratch);
   if (threadIdx.x == 0) {
     float* out = partials + 3 * (row * splits + seg);

@@ -30,8 +30,8 @@
 //    16-bit data on the special-function unit (Note [element log]); same predicate as cuda_vec16
 //    plus a reduction other than none.
 //  - All math in f32: accurate logf (except Note [element log]); exp per Note [element exp]
-//    (expf for f32 data, __expf for 16-bit data). int64 offsets throughout (row * row_stride +
-//    unit * width).
+//    (expf for f32 data, one ex2.approx.ftz for 16-bit data). int64 offsets throughout
+//    (row * row_stride + unit * width).
 #include <algorithm>
 #include <initializer_list>
 #include <limits>

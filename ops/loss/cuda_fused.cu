@@ -119,7 +119,7 @@ __device__ __forceinline__ void consume(const typename UnitOf<T, kVec>::Raw& raw
       sum_z += z.v[j];
     }
   }
-  st = add_unit<T, UnitOf<T, kVec>::width, true>(st, z.v);
+  st = add_unit<T>(st, z.v);
 }
 
 // Copies this thread's units of the slice (n units from `src`) into shared memory `dst` and
@@ -234,7 +234,8 @@ __device__ __forceinline__ float cluster_row_lse(const P& p, const RowScalars& r
       float loss = 0.0f;
       if (!r.ignored) {
         const float eps = smoothing / float(p.vocab);
-        loss = (1.0f - smoothing) * (lse - r.zt) + smoothing * lse - eps * total_z + p.z_scale * lse * lse;
+        loss = (1.0f - smoothing) * (lse - r.zt) + p.z_scale * lse * lse;
+        if (smoothing > 0.0f) loss += smoothing * lse - eps * total_z;  // as cross_entropy's finish_row
       }
       p.loss[r.row * p.loss_stride] = loss;
     }
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_cluster_kernel(FusedArg
   Stats st{-INFINITY, 0.0f};
   float sum_z = 0.0f;
   stage_slice<T, kVec, kPlain>(p.logits + r.row * p.logits_stride + begin * W, slice, n, softcap, st, sum_z);
-  st = row_stats(st, kThreads, stats_scratch);
+  st = row_stats<T>(st, kThreads, stats_scratch);
   if (smoothing > 0.0f) sum_z = row_sum(sum_z, kThreads, sum_scratch);
   const float lse = cluster_row_lse(p, r, Partial{st.m, st.s, sum_z}, partial, row_lse, smoothing);
   const float lse2 = lse * kLog2e;
@@ -463,8 +464,8 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T
     }
     part[s] = Stats{m, sum};
   }
-  Stats st = merge_all(part, kStages);
-  st = row_stats(st, kThreads, stats_scratch);
+  Stats st = merge_all<T>(part, kStages);
+  st = row_stats<T>(st, kThreads, stats_scratch);
   if (smoothing > 0.0f) sum_z = row_sum(sum_z, kThreads, sum_scratch);
   const float lse = cluster_row_lse(p, r, Partial{st.m, st.s, sum_z}, partial, row_lse, smoothing);
 

@@ -55,9 +55,10 @@ constexpr int kCache = 4;  // units kept in registers per thread (a pack is 4 re
 template <Kind kKind> __device__ __forceinline__ float row_term(float g, float y) {
   return kKind == Kind::softmax_backward ? g * y : g;
 }
+// m2 = m log2(e) (exp_shifted).
 template <class T, Kind kKind>
-__device__ __forceinline__ float forward_out(float x, float m, float inv_s, float log_s) {
-  return kKind == Kind::softmax ? exp_of<T>(x - m) * inv_s : x - m - log_s;
+__device__ __forceinline__ float forward_out(float x, float m, float m2, float inv_s, float log_s) {
+  return kKind == Kind::softmax ? exp_shifted<T>(x, m, m2) * inv_s : x - m - log_s;
 }
 template <class T, Kind kKind> __device__ __forceinline__ float backward_out(float g, float y, float total) {
   return kKind == Kind::softmax_backward ? y * (g - total) : g - exp_of<T>(y) * total;
@@ -105,12 +106,12 @@ __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
       }
       for (int64_t u = tid + int64_t(kCache) * rt; u < live_units; u += rt)
         st = add_unit<T>(st, U::widen(U::load(a + u * W)).v);
-      st = row_stats(st, rt, stats_scratch);
-      const float inv_s = 1.0f / st.s, log_s = logf(st.s);
+      st = row_stats<T>(st, rt, stats_scratch);
+      const float inv_s = 1.0f / st.s, log_s = logf(st.s), m2 = st.m * kLog2e;
       auto emit = [&](int64_t u, typename U::Floats x) {
 #pragma unroll
         for (int j = 0; j < W; ++j)
-          x.v[j] = forward_out<T, kKind>(x.v[j], st.m, inv_s, log_s);
+          x.v[j] = forward_out<T, kKind>(x.v[j], st.m, m2, inv_s, log_s);
         U::store(out + u * W, x);
       };
 #pragma unroll
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 #pragma unroll
     for (int c = 0; c < kCache; ++c)
       if (begin + threadIdx.x + int64_t(c) * kSplitThreads < end) st = add_unit<T>(st, U::widen(ca[c]).v);
-    st = row_stats(st, kSplitThreads, stats_scratch);
+    st = row_stats<T>(st, kSplitThreads, stats_scratch);
     if (threadIdx.x == 0) mine[0] = st.m, mine[1] = st.s;
   } else {
     float acc = 0.0f;
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
   __syncthreads();
   if (threadIdx.x == 0) {
     if constexpr (!kBackward) {
-      const Stats st = merge_all(reinterpret_cast<const Stats*>(parts), int(splits));  // (m, s) pairs
+      const Stats st = merge_all<T>(reinterpret_cast<const Stats*>(parts), int(splits));  // (m, s) pairs
       merged[0] = st.m, merged[1] = st.s;
     } else {
       float total = parts[0];
@@ -233,11 +234,11 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
     const int64_t u = begin + threadIdx.x + int64_t(c) * kSplitThreads;
     if (u >= end) continue;
     if constexpr (!kBackward) {
-      const float m = merged[0], inv_s = 1.0f / merged[1], log_s = logf(merged[1]);
+      const float m = merged[0], inv_s = 1.0f / merged[1], log_s = logf(merged[1]), m2 = m * kLog2e;
       typename U::Floats x = U::widen(ca[c]);
 #pragma unroll
       for (int j = 0; j < W; ++j)
-        x.v[j] = forward_out<T, kKind>(x.v[j], m, inv_s, log_s);
+        x.v[j] = forward_out<T, kKind>(x.v[j], m, m2, inv_s, log_s);
       U::store(out + u * W, x);
     } else {
       const float total = merged[0];
@@ -270,6 +271,17 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 // 4,096 3.50 -> 3.08 us, 16 x 32,000 5.04 -> 4.27, 1 x 128,256 (16 CTAs) 5.37 -> 4.55,
 // log_softmax likewise, the backward ops 0.25-0.45 us faster; 16 x 128,256 on 16 CTAs a row was
 // slower (7.22 -> 8.04) and keeps 8 units on 8 CTAs (docs/perf/gpu-h200-2026-11-28-round20.md).
+// A thread's work is a chain of math over its 32-64 register-held values with two warps a
+// scheduler to hide it (Nsight Compute: stalls on fixed-latency dependencies), so the kernel is
+// written for few, independent instructions: the forward's units past the row hold -inf (no
+// branch a unit), the thread's max and sum of exps are pairwise trees (tree_reduce), exps of
+// 16-bit data are one ex2.approx.ftz each (Note [element exp]) also in the merges of partials,
+// and the 16-bit softmax keeps each exp(x - thread max) in the register it came from: its output
+// is that times exp(thread max - row max) / sum, one multiply, where recomputing it took a second
+// exp an element. The backward's sums are a chain a unit (one FFMA an element) with the units'
+// chains independent; its loads stay guarded (a neutral fill there made the 8-unit kernel spill).
+// bf16 softmax, 64 values a thread: 1,912 SASS instructions a thread -> 1,184 (docs/perf/
+// gpu-h200-2026-11-29-round25.md).
 constexpr int kClusterCtas = 16;  // the most CTAs a row
 
 template <class T, bool kVec, Kind kKind, int kClusterUnits>
@@ -290,40 +302,49 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
   const T* a = p.a + row * p.a_stride;
   const T* b = kBackward ? p.b + row * p.b_stride : nullptr;
   T* out = p.out + row * p.out_stride;
+  // Units past the row's end hold the reductions' neutral values (forward -inf: exp 0; backward
+  // 0), so that the math below runs on every unit with no branch; only the stores check the end.
   typename U::Raw ca[kClusterUnits], cb[kBackward ? kClusterUnits : 1];
+  constexpr float fill = kBackward ? 0.0f : -INFINITY;
 #pragma unroll
   for (int c = 0; c < kClusterUnits; ++c) {
     const int64_t u = begin + threadIdx.x + int64_t(c) * kClusterThreads;
-    if (u < end) {
-      ca[c] = U::load(a + u * W);
-      if constexpr (kBackward) cb[c] = U::load(b + u * W);
+    const bool in = u < end;
+    if constexpr (kBackward) {
+      if (in) ca[c] = U::load(a + u * W), cb[c] = U::load(b + u * W);
+    } else {
+      ca[c] = U::load_or(a + u * W, in, fill);
     }
   }
-  // The thread's units are c < live (u = begin + threadIdx.x + c * kClusterThreads).
-  const int64_t ahead = end - begin - int64_t(threadIdx.x);
-  const int live = ahead <= 0 ? 0 : int(min(int64_t(kClusterUnits), (ahead + kClusterThreads - 1) / kClusterThreads));
+  // Forward: v holds x, or for softmax of 16-bit data exp(x - the thread's max) (kKeepExp: each
+  // exp taken once; the output is that times exp(thread max - row max) / sum, one multiply).
+  constexpr bool kKeepExp = kKind == Kind::softmax && !std::is_same_v<T, float>;
+  float v[kBackward ? 1 : kClusterUnits][W];
+  float thread_max = 0.0f;
   if constexpr (!kBackward) {
-    float v[kClusterUnits][W];
 #pragma unroll
     for (int c = 0; c < kClusterUnits; ++c) {
       const typename U::Floats f = U::widen(ca[c]);
 #pragma unroll
       for (int j = 0; j < W; ++j) v[c][j] = f.v[j];
     }
-    Stats st = cached_stats<T>(v, live);
-    st = row_stats(st, kClusterThreads, stats_scratch);
+    Stats st = cached_stats<T, kKeepExp>(v);
+    thread_max = st.m;
+    st = row_stats<T>(st, kClusterThreads, stats_scratch);
     if (threadIdx.x == 0) part = st;
   } else {
-    float acc = 0.0f;
+    float acc[kClusterUnits];
 #pragma unroll
     for (int c = 0; c < kClusterUnits; ++c) {
+      // A chain a unit (one FFMA an element), the units' chains independent.
+      acc[c] = 0.0f;
       if (begin + threadIdx.x + int64_t(c) * kClusterThreads >= end) continue;
       const typename U::Floats g = U::widen(ca[c]), y = U::widen(cb[c]);
 #pragma unroll
-      for (int j = 0; j < W; ++j) acc += row_term<kKind>(g.v[j], y.v[j]);
+      for (int j = 0; j < W; ++j) acc[c] += row_term<kKind>(g.v[j], y.v[j]);
     }
-    acc = row_sum(acc, kClusterThreads, sum_scratch);
-    if (threadIdx.x == 0) part = Stats{acc, 0.0f};
+    const float sum = row_sum(tree_reduce(acc, [](float x, float y2) { return x + y2; }), kClusterThreads, sum_scratch);
+    if (threadIdx.x == 0) part = Stats{sum, 0.0f};
   }
   cluster.sync();
   // Thread r < ranks fetches rank r's partial (one remote load each: every thread fetching all of
@@ -333,23 +354,26 @@ __global__ void __launch_bounds__(kClusterThreads, 2) softmax_cluster_kernel(Arg
   cluster_arrive();  // done with the other CTAs' shared memory
   __syncthreads();   // parts
   Stats total = parts[0];
-  if constexpr (!kBackward) total = merge_all(parts, int(ranks));
+  if constexpr (!kBackward) total = merge_all<T>(parts, int(ranks));
   else
     for (unsigned r = 1; r < ranks; ++r) total.m += parts[r].m;  // the backward's sums
-  const float inv_s = 1.0f / total.s, log_s = logf(total.s);
+  const float inv_s = 1.0f / total.s, log_s = logf(total.s), m2 = total.m * kLog2e;
+  // kKeepExp: exp(thread max - row max) / sum (NaN where the row is all -inf, as the recomputed
+  // form gives).
+  const float scale = kKeepExp ? exp_of<T>(thread_max - total.m) * inv_s : 0.0f;
 #pragma unroll
   for (int c = 0; c < kClusterUnits; ++c) {
     const int64_t u = begin + threadIdx.x + int64_t(c) * kClusterThreads;
     if (u >= end) continue;
     if constexpr (!kBackward) {
-      typename U::Floats x = U::widen(ca[c]);
+      typename U::Floats x;
 #pragma unroll
       for (int j = 0; j < W; ++j)
-        x.v[j] = forward_out<T, kKind>(x.v[j], total.m, inv_s, log_s);
+        x.v[j] = kKeepExp ? v[c][j] * scale : forward_out<T, kKind>(v[c][j], total.m, m2, inv_s, log_s);
       U::store(out + u * W, x);
     } else {
-      typename U::Floats g = U::widen(ca[c]);
-      const typename U::Floats y = U::widen(cb[c]);
+      typename U::Floats g = U::widen(U::opaque(ca[c]));
+      const typename U::Floats y = U::widen(U::opaque(cb[c]));
 #pragma unroll
       for (int j = 0; j < W; ++j)
         g.v[j] = backward_out<T, kKind>(g.v[j], y.v[j], total.m);

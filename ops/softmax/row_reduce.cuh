@@ -21,6 +21,38 @@ template <class T, bool kVec> struct UnitOf {
     if constexpr (kVec) return load_pack(p);
     else return *p;
   }
+  // The unit at p when `in`, else W copies of `fill` (the neutral value of units past the row's
+  // end). Packs select their four 32-bit words: a select per 16-bit element split the raw pack
+  // into halves (PRMTs, and spills in the register-cached kernels).
+  static __device__ __forceinline__ Raw load_or(const T* p, bool in, float fill) {
+    if constexpr (kVec) {
+      T f[width];
+#pragma unroll
+      for (int j = 0; j < width; ++j) f[j] = from_f32<T>(fill);
+      uint4 fw;
+      __builtin_memcpy(&fw, f, sizeof(fw));
+      const uint4 w = in ? *reinterpret_cast<const uint4*>(p) : fw;
+      Raw r;
+      __builtin_memcpy(&r, &w, sizeof(r));
+      return r;
+    } else {
+      return in ? *p : from_f32<T>(fill);
+    }
+  }
+  // r, as a value the compiler cannot prove equal to r: widening it again later does not reuse
+  // (and keep live) the f32 values of an earlier widen of the same unit.
+  static __device__ __forceinline__ Raw opaque(const Raw& r) {
+    if constexpr (sizeof(Raw) == 16) {
+      uint4 w;
+      __builtin_memcpy(&w, &r, sizeof(w));
+      asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w));
+      Raw o;
+      __builtin_memcpy(&o, &w, sizeof(o));
+      return o;
+    } else {
+      return r;
+    }
+  }
   static __device__ __forceinline__ Floats widen(const Raw& r) {
     Floats f;
     if constexpr (kVec && std::is_same_v<T, __nv_bfloat16>) {
@@ -54,6 +86,38 @@ template <class T, bool kVec> struct UnitOf {
   }
 };
 
+// Note [element exp]: exp of an element in the precision its type needs. f32 data gets the
+// accurate expf (a ~20-instruction polynomial; the f32 results must match the reference to a few
+// ulps). bf16 / f16 data gets exp2_ftz(x log2(e)): ex2.approx.ftz on the special-function unit,
+// relative error below ~2^-22 + 1e-7 |x|, far under the 2^-8 / 2^-11 spacing the result is
+// rounded to, which keeps these memory-bound kernels from becoming bound by the exp instead.
+// The ftz form matters: __expf (ex2.approx without .ftz) compiles to a range test and two
+// multiplies around the MUFU.EX2 that keep results below 2^-126 subnormal, four instructions
+// more an exp (the bf16 softmax cluster kernel with 64 values a thread: 1,912 -> 1,408 SASS
+// instructions with .ftz and the shift folded into one FFMA). What .ftz changes: an exp below 2^-126 (x < -87.3)
+// is 0 instead of a subnormal; every output is a sum of such terms with at least one 1 in it
+// (softmax, cross_entropy: the max's own term), or that tiny value itself, 1e-38 from the
+// reference, inside any tolerance.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+template <class T> __device__ __forceinline__ float exp_of(float x) {
+  if constexpr (std::is_same_v<T, float>) return expf(x);
+  else return exp2_ftz(x * kLog2e);
+}
+
+// exp(x - shift) with shift2 = shift * log2(e) given, for data of type T. f32: expf(x - shift) as
+// exp_of. f16 / bf16: exp2_ftz of one FFMA, x log2(e) - shift2, one instruction fewer than
+// exp_of(x - shift) (a subtraction, then the multiply); folding the subtraction changes the
+// result by about |shift| 2^-24 relative, far under the 2^-8 / 2^-11 spacing it is rounded to.
+template <class T> __device__ __forceinline__ float exp_shifted(float x, float shift, float shift2) {
+  if constexpr (std::is_same_v<T, float>) return expf(x - shift);
+  else return exp2_ftz(fmaf(x, kLog2e, -shift2));
+}
+
 // Online softmax statistics: the running max and the sum of exp(x - max).
 struct Stats {
   float m, s;
@@ -68,82 +132,67 @@ __device__ __forceinline__ Stats merge(Stats a, Stats b) {
 // per partial, all independent. Folding merge() pairwise instead puts two exps on the critical
 // path of every butterfly level and of every further partial (5 levels + 8 warps + 8 ranks:
 // about 40 dependent accurate exps, a microsecond of latency in a few-row kernel).
-// rescaled: a partial's sum at the common max m (0 for an empty partial).
-inline __device__ float rescaled(Stats p, float m) { return p.m == -INFINITY ? 0.0f : p.s * expf(p.m - m); }
+// rescaled: a partial's sum at the common max m (0 for an empty partial). T: the data's type, whose
+// exp_of the rescaling takes (16-bit data: one ex2.approx where expf is ~20 instructions; the
+// merges of a few-row kernel are a quarter of its instructions with expf).
+template <class T = float> __device__ __forceinline__ float rescaled(Stats p, float m) {
+  return p.m == -INFINITY ? 0.0f : p.s * exp_of<T>(p.m - m);
+}
 // The merge of n >= 1 partials in order: the same value as folding merge() over them up to
 // rounding, with the exps off each other's critical path.
-inline __device__ Stats merge_all(const Stats* p, int n) {
+template <class T = float> __device__ __forceinline__ Stats merge_all(const Stats* p, int n) {
   float m = p[0].m;
   for (int i = 1; i < n; ++i) m = fmaxf(m, p[i].m);
   if (m == -INFINITY) return {m, 0.0f};
   float s = 0.0f;
-  for (int i = 0; i < n; ++i) s += rescaled(p[i], m);
+  for (int i = 0; i < n; ++i) s += rescaled<T>(p[i], m);
   return {m, s};
 }
-// Note [element exp]: exp of an element in the precision its type needs. f32 data gets the
-// accurate expf (a ~20-instruction polynomial; the f32 results must match the reference to a few
-// ulps). bf16 / f16 data gets __expf (ex2.approx on the special-function unit: relative error
-// below ~2^-21 + 1e-7 |x|, far under the 2^-8 / 2^-11 spacing the result is rounded to), which
-// keeps these memory-bound kernels from becoming bound by the exp instead.
-template <class T> __device__ __forceinline__ float exp_of(float x) {
-  if constexpr (std::is_same_v<T, float>) return expf(x);
-  else return __expf(x);
-}
-
-// exp(x - shift) with shift2 = shift * log2(e) given, for data of type T. f32: expf(x - shift) as
-// exp_of. f16 / bf16: ex2.approx of one FFMA, x log2(e) - shift2, which is what __expf(x - shift)
-// computes with one instruction more (a subtraction, then the multiply); folding the subtraction
-// changes the result by about |shift| 2^-24 relative, far under the 2^-8 / 2^-11 spacing it is
-// rounded to. For kernels close to issue-bound (cross_entropy_with_grad, ops/loss/cuda_fused.cu).
-constexpr float kLog2e = 1.4426950408889634f;
-template <class T> __device__ __forceinline__ float exp_shifted(float x, float shift, float shift2) {
-  if constexpr (std::is_same_v<T, float>) {
-    return expf(x - shift);
-  } else {
-    float y;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, kLog2e, -shift2)));
-    return y;
-  }
-}
-
-// One unit's values into the online statistics. kFolded: exp_shifted instead of exp_of.
-template <class T, int W, bool kFolded = false>
+// One unit's values into the online statistics (the running sum rescaled in T's precision).
+template <class T, int W>
 __device__ __forceinline__ Stats add_unit(Stats st, const float (&v)[W]) {
   float um = v[0];
 #pragma unroll
   for (int j = 1; j < W; ++j) um = fmaxf(um, v[j]);
   const float m = fmaxf(st.m, um);
   if (m == -INFINITY) return st;
-  float s = st.m == m ? st.s : st.s * expf(st.m - m);
+  float s = st.m == m ? st.s : st.s * exp_of<T>(st.m - m);
   const float m2 = m * kLog2e;
 #pragma unroll
-  for (int j = 0; j < W; ++j) s += kFolded ? exp_shifted<T>(v[j], m, m2) : exp_of<T>(v[j] - m);
+  for (int j = 0; j < W; ++j) s += exp_shifted<T>(v[j], m, m2);
   return {m, s};
 }
 
-// Statistics of the `live` first of K units a thread holds in registers (as f32): the max first,
-// a tree with no exp in it, then the sum of exp(x - max), every exp independent of the others.
-// add_unit's online rescaling instead runs one dependent chain (max, exp, sum) through every unit,
-// which is what bounds a thread that holds a whole segment of a row at once.
-template <class T, int K, int W>
-__device__ __forceinline__ Stats cached_stats(const float (&v)[K][W], int live) {
-  float m = -INFINITY;
+// Reduces a[0..N) with `op` in a fixed pairwise tree (a[0] holds the result): log2(N) dependent
+// steps instead of N - 1, the independent ones issued back to back. A sequential fold over a
+// thread's 64 register-held values made each FMNMX / FADD wait on the one before it, and with two
+// warps a scheduler nothing else was there to issue in the wait.
+template <int N, class Op> __device__ __forceinline__ float tree_reduce(float (&a)[N], Op op) {
 #pragma unroll
-  for (int c = 0; c < K; ++c)
-    if (c < live)
+  for (int w = 1; w < N; w *= 2)
 #pragma unroll
-      for (int j = 0; j < W; ++j) m = fmaxf(m, v[c][j]);
-  if (m == -INFINITY) return {m, 0.0f};
-  float s = 0.0f;
+    for (int i = 0; i + w < N; i += 2 * w) a[i] = op(a[i], a[i + w]);
+  return a[0];
+}
+
+// Statistics of the K units of W values a thread holds in registers (as f32; units past the row
+// hold -inf): the max first, a tree with no exp in it, then the sum of exp(x - max) in a tree,
+// every exp independent of the others. add_unit's online rescaling instead runs one dependent
+// chain (max, exp, sum) through every unit, which is what bounds a thread that holds a whole
+// segment of a row at once. kKeep: each value is replaced by its exp(x - max) (the thread's max,
+// returned in .m; -inf for a thread with no value, whose exps are then 0).
+template <class T, bool kKeep, int K, int W> __device__ __forceinline__ Stats cached_stats(float (&v)[K][W]) {
+  float t[K * W];
 #pragma unroll
-  for (int c = 0; c < K; ++c) {
-    if (c >= live) continue;
-    float us = 0.0f;
+  for (int i = 0; i < K * W; ++i) t[i] = v[i / W][i % W];
+  const float m = tree_reduce(t, [](float a, float b) { return fmaxf(a, b); });
+  const float shift = m == -INFINITY ? 0.0f : m, shift2 = shift * kLog2e;
 #pragma unroll
-    for (int j = 0; j < W; ++j) us += exp_of<T>(v[c][j] - m);
-    s += us;
+  for (int i = 0; i < K * W; ++i) {
+    t[i] = exp_shifted<T>(v[i / W][i % W], shift, shift2);
+    if constexpr (kKeep) v[i / W][i % W] = t[i];
   }
-  return {m, s};
+  return {m, tree_reduce(t, [](float a, float b) { return a + b; })};
 }
 
 // Reductions over the `rt` threads of a row (a power of two, 32 <= rt <= 1024; the rows of a
@@ -152,18 +201,18 @@ __device__ __forceinline__ Stats cached_stats(const float (&v)[K][W], int live) 
 // (`scratch`: one slot per warp of the block) and every thread of the row merges its row's
 // partials in warp order. Every thread of the row ends with the same bits (fmax and + are
 // commutative). Every thread of the block must call it (barriers).
-inline __device__ Stats row_stats(Stats st, int rt, Stats* scratch) {
+template <class T = float> __device__ __forceinline__ Stats row_stats(Stats st, int rt, Stats* scratch) {
   float m = st.m;
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  float s = rescaled(st, m);
+  float s = rescaled<T>(st, m);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
   if (rt == 32) return {m, s};
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = (int(threadIdx.x) / rt) * (rt / 32);
   if (lane == 0) scratch[warp] = Stats{m, s};
   __syncthreads();
-  const Stats total = merge_all(scratch + first, rt / 32);
+  const Stats total = merge_all<T>(scratch + first, rt / 32);
   __syncthreads();
   return total;
 }

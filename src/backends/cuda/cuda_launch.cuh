@@ -537,19 +537,35 @@ __device__ __forceinline__ float row_rsqrt(float v) {
 // One atomic per block: block 0 adds 2^31 - (blocks - 1) and every other block 1, so the top bit
 // of the word flips once all have arrived and the low bits come back to where they were (the
 // word needs no reset, whatever the grid size of the next launch).
-// Memory order: the block barrier orders every thread's writes before thread 0's device-scope
-// fence, and a fence is cumulative over what was ordered before it, so one fence in thread 0
-// publishes the whole block's writes (the pattern of cooperative groups' grid sync). A fence in
-// every thread, as these functions had, cost several microseconds a launch (Note [last block]).
+// Memory order: the block barrier orders every thread's writes before thread 0's arrival, an
+// atomic add with release semantics at device scope (release is cumulative over what the barrier
+// ordered before it, so one thread publishes the whole block's writes); thread 0 then spins on an
+// acquire load of the word, and the closing block barrier passes what it acquired on to the
+// block's other threads (the pattern of CUTLASS's generic barrier). A fence in every thread, as
+// these functions first had, cost several microseconds a launch (Note [last block]); a full
+// __threadfence (fence.sc) before and after thread 0's plain atomic is stronger than the barrier
+// needs and sat on the critical path of every few-row kernel that ends in one.
+__device__ __forceinline__ unsigned atomic_add_release(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned atomic_add_acq_rel(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();  // the block's writes, before its arrival is announced
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
-    const unsigned before = atomicAdd(state, add);
-    volatile unsigned* word = state;
-    while (((before ^ *word) & 0x80000000u) == 0) __nanosleep(20);
-    __threadfence();
+    const unsigned before = atomic_add_release(state, add);  // the block's writes, then its arrival
+    while (((before ^ load_acquire(state)) & 0x80000000u) == 0) __nanosleep(20);
   }
   __syncthreads();
 }
@@ -558,17 +574,16 @@ __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
 // block whose arrival completes the launch (its add flips the top bit), false in the others, so a
 // grid's last block can finish the work of all (a combine, a reduction) in the same launch. The
 // launch need not be cooperative. Writes every block made before arriving are visible to the last
-// one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier. One
-// device-scope fence in thread 0 after the block barrier, as in grid_barrier.
+// one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier. Thread
+// 0's arrival is one acquire-release atomic after the block barrier: release for this block's
+// writes, acquire for every earlier block's (the last one reads them all).
 __device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
-    const unsigned before = atomicAdd(state, add);
+    const unsigned before = atomic_add_acq_rel(state, add);
     last = ((before ^ (before + add)) & 0x80000000u) != 0;
-    __threadfence();
   }
   __syncthreads();
   return last;
