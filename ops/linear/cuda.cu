@@ -22,12 +22,10 @@
 //    host synchronization and no device allocation after the first call of a shape. The same
 //    algorithm for the same shape gives the same bits run to run (deterministic; not batch
 //    invariant: M picks the algorithm). K = 0 (y = b) and shapes for which the heuristic returns
-//    nothing take the tiled kernel below instead. The GEMM (cuda::lt::matmul,
+//    nothing take the tiled kernel (the `cuda` impl) instead. The GEMM (cuda::lt::matmul,
 //    ops/linear/cublaslt.cuh) also serves fused_linear_cross_entropy (ops/linear/flce_cuda.cu).
-//  - cuda (priority 100): any layout. A 64 x 64 output tile per 256-thread block, each thread 4 x 4
-//    outputs, K walked in steps of 16 through shared memory (x and w tiles loaded with scalar
-//    loads, converted to f32 on the way in), f32 accumulation, bias added before the rounding.
-//    int64 offsets (row * row_stride); the grid's y strides over M beyond 65535 tiles.
+//  - cuda (priority 100): any layout, the tiled GEMM of ops/linear/tiled_gemm.cuh (64 x 64 output
+//    tiles, f32 accumulation, the bias added before the one rounding, int64 offsets).
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -40,6 +38,7 @@
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/linear/cublaslt.cuh"
 #include "ops/linear/linear_cuda.h"
+#include "ops/linear/tiled_gemm.cuh"
 
 namespace opforge {
 namespace cuda::linear {
@@ -47,75 +46,18 @@ namespace {
 
 int64_t ld_of(const TensorView& t, int64_t cols) { return t.rows() > 1 ? t.row_stride() : std::max<int64_t>(cols, 1); }
 
-// ---- tiled fallback --------------------------------------------------------------------------------
-constexpr int kTile = 64, kStepK = 16;
-
-template <class T> struct GemmArgs {
-  T* y;
-  const T* x;
-  const T* w;
-  const T* b;  // null: no bias
-  int64_t y_ld, x_ld, w_ld;
-  int64_t m, n, k;
-};
-
-template <class T> __global__ void __launch_bounds__(256) tiled_gemm_kernel(GemmArgs<T> p) {
-  __shared__ float xs[kStepK][kTile + 1];  // xs[kk][row]
-  __shared__ float ws[kStepK][kTile + 1];  // ws[kk][col]
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int64_t col0 = int64_t(blockIdx.x) * kTile;
-  for (int64_t row0 = int64_t(blockIdx.y) * kTile; row0 < p.m; row0 += int64_t(gridDim.y) * kTile) {
-    float acc[4][4] = {};
-    for (int64_t k0 = 0; k0 < p.k; k0 += kStepK) {
-      // 64 x 16 values of each operand: 1024 per tile, 4 per thread.
-      for (int e = threadIdx.x; e < kTile * kStepK; e += 256) {
-        const int r = e / kStepK, kk = e % kStepK;
-        const int64_t kg = k0 + kk;
-        const int64_t xr = row0 + r, wr = col0 + r;
-        xs[kk][r] = (xr < p.m && kg < p.k) ? to_f32(p.x[xr * p.x_ld + kg]) : 0.0f;
-        ws[kk][r] = (wr < p.n && kg < p.k) ? to_f32(p.w[wr * p.w_ld + kg]) : 0.0f;
-      }
-      __syncthreads();
-#pragma unroll
-      for (int kk = 0; kk < kStepK; ++kk) {
-        float a[4], bv[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i], bv[i] = ws[kk][tx + 16 * i];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = row0 + ty + 16 * i;
-      if (row >= p.m) continue;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t col = col0 + tx + 16 * j;
-        if (col >= p.n) continue;
-        const float v = acc[i][j] + (p.b ? to_f32(p.b[col]) : 0.0f);
-        p.y[row * p.y_ld + col] = from_f32<T>(v);
-      }
-    }
-  }
-}
-
+// ---- tiled fallback (ops/linear/tiled_gemm.cuh): y = x w^T + b as D = A B with A = x, B(k, j) = w[j, k] --
 void run_tiled(const Context& ctx, const TensorView& y, const TensorView& x, const TensorView& w,
                const TensorView& b) {
   const int64_t m = x.rows(), n = w.size(0), k = x.size(-1);
   dispatch_float(x.dtype, "linear", [&](auto tag) {
     using T = decltype(tag);
-    GemmArgs<T> p{};
-    p.y = y.ptr<T>(), p.x = x.ptr<T>(), p.w = w.ptr<T>();
-    p.b = b.defined() ? b.ptr<T>() : nullptr;
-    p.y_ld = ld_of(y, n), p.x_ld = ld_of(x, k), p.w_ld = ld_of(w, k);
-    p.m = m, p.n = n, p.k = k;
-    const dim3 grid(grid_for(n, kTile), unsigned(std::min<int64_t>((m + kTile - 1) / kTile, 65535)));
-    tiled_gemm_kernel<T><<<grid, 256, 0, stream_of(ctx)>>>(p);
-    check_launch("linear_cuda kernel launch");
+    tiled::TiledArgs<T, T> p{};
+    p.a = x.ptr<T>(), p.a_row = ld_of(x, k), p.a_col = 1;
+    p.b = w.ptr<T>(), p.b_row = 1, p.b_col = ld_of(w, k);
+    p.bias = b.defined() ? b.ptr<T>() : nullptr;
+    p.d = y.ptr<T>(), p.ldd = ld_of(y, n), p.m = m, p.n = n, p.k = k, p.beta = 0.0f;
+    tiled::launch_tiled(ctx, p, "linear_cuda kernel launch");
   });
 }
 

@@ -29,7 +29,7 @@
 // order, on the device: no host synchronization; mean of zero counted tokens is 0). Everything
 // lives in the stream's workspace (Note [cuda workspace]): no allocation after the first call of
 // a shape. Shapes for which cuBLASLt has no algorithm (or K = 0) take a tiled GEMM
-// (flce_gemm.cuh: 64 x 64 tiles, f32 sums, any strides) instead. Deterministic: fixed-order
+// (tiled_gemm.cuh: 64 x 64 tiles, f32 sums, any strides) instead. Deterministic: fixed-order
 // reductions, cached algorithms, blocks in order.
 //
 // Note [flce cuda blocks]: with s the input dtype's size, a call's workspace is
