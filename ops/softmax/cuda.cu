@@ -281,8 +281,8 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 // exp an element. The backward's sums are a chain a unit (one FFMA an element) with the units'
 // chains independent; its loads stay guarded (a neutral fill there made the 8-unit kernel spill).
 // bf16 softmax, 64 values a thread, SASS instructions written out (cuobjdump): 1,912 -> 1,184,
-// then 1,280 with the merges' one-instruction exps unrolled (fewer executed: the accurate expf
-// had run in loops); H200 16 x 128,256 7.09 -> 5.39 us (docs/perf/gpu-h200-2026-11-29-round25.md).
+// then 1,280 with the merges' one-instruction exps unrolled (the accurate expf had run in loops:
+// executed counts not measured); H200 16 x 128,256 7.09 -> 5.39 us (docs/perf/gpu-h200-2026-11-29-round25.md).
 constexpr int kClusterCtas = 16;  // the most CTAs a row
 
 template <class T, bool kVec, Kind kKind, int kClusterUnits>
