@@ -130,8 +130,8 @@ __device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row
   if (t != p.o.ignore_index) {
     const float eps = p.o.smoothing / float(p.vocab);
     loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.z_scale * lse * lse;
-    // Only with smoothing: masked (-inf) logits make sum_z -inf, and 0 * -inf would turn the
-    // loss of such a row NaN (the reference's test too).
+    // The smoothing terms only with smoothing, as the reference adds them: masked (-inf) logits
+    // make sum_z -inf, and 0 * -inf would turn such a row's loss NaN.
     if (p.o.smoothing > 0.0f) loss += p.o.smoothing * lse - eps * sum_z;
   }
   p.loss[row * p.loss_stride] = loss;

@@ -94,10 +94,10 @@ template <class T, bool kVec> struct UnitOf {
 // The ftz form matters: __expf (ex2.approx without .ftz) compiles to a range test and two
 // multiplies around the MUFU.EX2 that keep results below 2^-126 subnormal, four instructions
 // more an exp (the bf16 softmax cluster kernel with 64 values a thread: 1,912 -> 1,408 SASS
-// instructions with .ftz and the shift folded into one FFMA). What .ftz changes: an exp below 2^-126 (x < -87.3)
-// is 0 instead of a subnormal; every output is a sum of such terms with at least one 1 in it
-// (softmax, cross_entropy: the max's own term), or that tiny value itself, 1e-38 from the
-// reference, inside any tolerance.
+// instructions with .ftz and the shift folded into one FFMA). What .ftz changes: an exp below
+// 2^-126 (x < -87.3) is 0 instead of a subnormal; every output is a sum of such terms with at
+// least one 1 in it (softmax, cross_entropy: the max's own term), or that tiny value itself,
+// 1e-38 from the reference, inside any tolerance.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
