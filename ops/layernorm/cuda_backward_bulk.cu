@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
   const uint32_t stage_bytes = 2 * row_bytes;  // x, then dy
   const float inv_h = 1.0f / float(a.hidden);
   const BlockRows rows = block_rows(a.rows, rows_per_block, strided);  // Note [row order]
+  programmatic_prologue();  // Note [programmatic launch]
 
   // Thread 0: the bulk copies of `row` into stage s (none past the block's rows).
   auto issue = [&](int64_t row, int s) {

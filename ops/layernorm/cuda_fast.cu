@@ -315,6 +315,7 @@ __global__ void __launch_bounds__(K == 1 ? kMaxThreads : kMaxThreads / 2)
   __shared__ float scratch_rest[4 * 32];
   __shared__ float slice[kMaxThreads];
   __shared__ uint64_t full[kBulkStages];  // Note [bulk copies]: one barrier a stage
+  programmatic_prologue();  // Note [programmatic launch]
   constexpr int S = bwd_stages<kBulk>();
   const int n_packs = int(a.hidden / N);
   const int t = threadIdx.x, threads = blockDim.x;

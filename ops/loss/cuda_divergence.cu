@@ -63,13 +63,14 @@ struct PairParams {
 };
 
 // Note [element log]: log of an element-loss term. The accurate logf (a polynomial of about 15
-// instructions) unless kFast: then 16-bit data takes __logf (lg2.approx on the special-function
-// unit, absolute error below 2^-21 on [0.5, 2], a few ulps elsewhere: far under the 2^-8 / 2^-11
-// spacing of bf16 / f16 data, as Note [element exp]) for normal arguments; zero, subnormal,
-// negative and NaN arguments keep logf, so edge values (log 0 = -inf) are the reference's.
+// instructions) unless kFast: then 16-bit data takes ln 2 * log2_ftz(x) (lg2.approx.ftz on the
+// special-function unit, absolute error below 2^-21 on [0.5, 2], a few ulps elsewhere: far under
+// the 2^-8 / 2^-11 spacing of bf16 / f16 data, as Note [element exp]) for normal arguments, where
+// .ftz changes nothing and saves the range test and rescale of __logf; zero, subnormal, negative
+// and NaN arguments keep logf, so edge values (log 0 = -inf) are the reference's.
 template <class T, bool kFast> __device__ __forceinline__ float log_of(float x) {
   if constexpr (kFast && !std::is_same_v<T, float>) {
-    if (x >= 1.17549435e-38f) return __logf(x);  // FLT_MIN; false for NaN
+    if (x >= 1.17549435e-38f) return log2_ftz(x) * kLn2;  // FLT_MIN; false for NaN
   }
   return logf(x);
 }
@@ -349,22 +350,27 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
 }
 
 // Segments per row of the reduced forward (Note [segment size]): enough (row, segment) pairs for
-// kSegmentsPerSm per SM when rows are few, each segment at least kMinSegmentUnits units.
-// Note [segment size]: 16 rows of a 128k vocab would otherwise be 16 blocks; with 8 segments per
-// SM of at least 1024 units (4 per thread of a 256-thread row group), 16 x 128256 in bf16 makes
-// 240 segments. Smaller segments were measured and not taken (H200, 2026-11-27, both settings in
-// one process, twice): 32 per SM with a 64-unit floor gained at 16 x 32000 (kl_div 7.8 -> 6.2 us,
-// jsd 10.2 -> 7.4) but lost at 16 x 128256 (kl_div 7.9 -> 8.8, jsd 10.0 -> 10.8, tvd 5.9 -> 6.8)
-// and at 1024 x 32000 (kl_div 50.4 -> 54.1, tvd 38.6 -> 41.7), the issue's shapes.
-// Tuning runs override the two constants with OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256) and
-// OPFORGE_CUDA_LOSS_MIN_SEGMENT (16..4096).
+// kSegmentsPerSm per SM (kSegmentsPerSmFewRows with fewer rows than SMs), each segment at least
+// kMinSegmentUnits units.
+// Note [segment size]: 16 rows of a 128k vocab would otherwise be 16 blocks. With few rows the
+// kernel is latency-bound: its time is the few dependent load rounds of each thread plus the last
+// block's sum, so segments are many and short; with many rows the segments' extra sums cost more
+// than they spread. H200, bf16, 2026-11-29, every setting in one call (us): 16 per SM with a
+// 64-unit floor against the earlier 8 per SM with a 1024-unit floor gave kl_div 16 x 32,000 6.03
+// -> 4.52, 16 x 128,256 6.2 -> 5.80; tvd 4.11 -> 3.55 and 4.66 -> 4.50; jsd 8.69 -> 5.77 and 8.58
+// -> 7.62; but 16 per SM at 1,024 x 32,000 (3 segments a row instead of 2) lost (kl_div 43.9 ->
+// 49.3, tvd 36.5 -> 38.2, jsd 61.8 -> 67.9), hence 8 from sm_count rows on. 32 per SM lost at
+// 16 x 128,256 (kl_div 6.22, tvd 5.52): docs/perf/gpu-h200-2026-11-29-round26.md.
+// Tuning runs override the constants with OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256, any rows)
+// and OPFORGE_CUDA_LOSS_MIN_SEGMENT (16..4096).
 constexpr int64_t kSegmentsPerSm = 8;
-constexpr int64_t kMinSegmentUnits = 1024;
+constexpr int64_t kSegmentsPerSmFewRows = 16;
+constexpr int64_t kMinSegmentUnits = 64;
 int64_t splits_for(int64_t rows, int64_t units, int sm_count) {
   static const int per_sm = env_choice("OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM", 1, 256);
   static const int min_units = env_choice("OPFORGE_CUDA_LOSS_MIN_SEGMENT", 16, 4096);
-  const int64_t segments = int64_t(sm_count) * (per_sm ? per_sm : kSegmentsPerSm);
-  const int64_t wanted = (segments + rows - 1) / std::max<int64_t>(rows, 1);
+  const int64_t per = per_sm ? per_sm : rows < sm_count ? kSegmentsPerSmFewRows : kSegmentsPerSm;
+  const int64_t wanted = (int64_t(sm_count) * per + rows - 1) / std::max<int64_t>(rows, 1);
   return std::max<int64_t>(1, std::min(wanted, units / (min_units ? min_units : kMinSegmentUnits)));
 }
 

@@ -33,9 +33,9 @@ inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_
 // partials are one flat array: thread t adds entries t, t + kThreads, ... in f64 (eight loads
 // issued before they are added, so a thread waits out one L2 round trip per eight entries, not one
 // per entry: 16 rows of 250 segment sums each are 16 loads a thread, where a thread per row had 250
-// dependent ones), the kept rows are counted the same way over the labels, then a fixed tree over
-// the block adds the partial sums and counts: the same bits for the same inputs and block size,
-// no atomics, no host synchronization. A row is kept when `labels` is null or labels[row] !=
+// dependent ones), the kept rows are counted the same way over the labels, then fixed trees add
+// the partial sums and counts (a shuffle butterfly in each warp, then one over the warps' results):
+// the same bits for the same inputs and block size, no atomics, no host synchronization. A row is kept when `labels` is null or labels[row] !=
 // ignore_index; rows that are not kept must have loss 0 (the kernels write 0 for them).
 //   out = count of kept rows                  (count_only; `losses` may be null)
 //   out = sum / (kept rows * divisor_scale)   (divide; 0 kept rows gives NaN, as 0 / 0, or 0
@@ -58,8 +58,6 @@ struct RowReduce {
 // blockDim.x == kThreads): by reduce_kernel (ops/loss/cuda.cu) and by the last block of a kernel
 // that wrote the losses in the same launch (Note [last block]; the losses are read with __ldcg).
 template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r) {
-  __shared__ double sums[kThreads];
-  __shared__ double counts[kThreads];
   double s = 0, c = 0;
   if (r.labels == nullptr) {
     c = threadIdx.x == 0 ? double(r.rows) : 0.0;
@@ -78,21 +76,36 @@ template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r)
       for (int k = 0; k < kBatch; ++k) s += double(v[k]);
     }
   }
-  sums[threadIdx.x] = s;
-  counts[threadIdx.x] = c;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (int(threadIdx.x) < half) {
-      sums[threadIdx.x] += sums[threadIdx.x + half];
-      counts[threadIdx.x] += counts[threadIdx.x + half];
-    }
-    __syncthreads();
+  // A butterfly in each warp, the warps' results through shared memory, a butterfly in warp 0:
+  // two block barriers where a shared-memory tree over the block takes log2(kThreads) + 1.
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 32");
+  constexpr int kWarps = kThreads / 32;
+  __shared__ double sums[kWarps];
+  __shared__ double counts[kWarps];
+#pragma unroll
+  for (int lane_mask = 16; lane_mask > 0; lane_mask /= 2) {
+    s += __shfl_xor_sync(0xffffffffu, s, lane_mask);
+    c += __shfl_xor_sync(0xffffffffu, c, lane_mask);
   }
-  if (threadIdx.x != 0) return;
-  if (r.count_only) *r.out = float(counts[0]);
-  else if (!r.divide) *r.out = float(sums[0]);
-  else if (counts[0] == 0.0 && r.zero_if_none_kept) *r.out = 0.0f;
-  else *r.out = float(sums[0] / (counts[0] * r.divisor_scale));
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (lane == 0) {
+    sums[warp] = s;
+    counts[warp] = c;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  s = lane < kWarps ? sums[lane] : 0.0;
+  c = lane < kWarps ? counts[lane] : 0.0;
+#pragma unroll
+  for (int lane_mask = 16; lane_mask > 0; lane_mask /= 2) {
+    s += __shfl_xor_sync(0xffffffffu, s, lane_mask);
+    c += __shfl_xor_sync(0xffffffffu, c, lane_mask);
+  }
+  if (lane != 0) return;
+  if (r.count_only) *r.out = float(c);
+  else if (!r.divide) *r.out = float(s);
+  else if (c == 0.0 && r.zero_if_none_kept) *r.out = 0.0f;
+  else *r.out = float(s / (c * r.divisor_scale));
 }
 
 // Enqueues the reduction on ctx's stream, launched programmatically (Note [programmatic launch];

@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
   constexpr int N = Pack<T>::n;
   __shared__ float scratch[2 * R * 32];
   __shared__ float slice[kBwdMaxThreads];
+  programmatic_prologue();  // Note [programmatic launch]
   const int n_packs = int(a.hidden / N);
   const int threads = blockDim.x;
   Pack<T> wp[K];

@@ -205,6 +205,7 @@ __global__ void __launch_bounds__(kCoopThreads)
   constexpr int N = Pack<T>::n;
   constexpr int U = kCoopUnroll;
   __shared__ float scratch[32];
+  programmatic_prologue();  // Note [programmatic launch]
   const int64_t packs = a.n / N;
   const int64_t per_block = (packs + gridDim.x - 1) / gridDim.x;
   const int64_t begin = min(packs, int64_t(blockIdx.x) * per_block);

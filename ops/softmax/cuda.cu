@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
   __shared__ float sum_scratch[32];
   __shared__ float parts[2 * kMaxSplits];
   __shared__ float merged[2];
+  programmatic_prologue();  // Note [programmatic launch]
   const int64_t units = p.n / W;
   const int64_t row = int64_t(blockIdx.x) / splits, seg = int64_t(blockIdx.x) % splits;
   const int64_t begin = seg * seg_units, end = min(units, begin + seg_units);

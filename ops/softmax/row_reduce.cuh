@@ -104,6 +104,15 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 constexpr float kLog2e = 1.4426950408889634f;
+// log2 on the special-function unit, lg2.approx.ftz: a subnormal argument reads as 0 (-inf out),
+// so callers pass normal numbers only (Note [element log] in ops/loss/cuda_divergence.cu). __logf
+// is lg2.approx without .ftz, which adds a range test and a rescale around the MUFU.LG2.
+__device__ __forceinline__ float log2_ftz(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLn2 = 0.6931471805599453f;
 template <class T> __device__ __forceinline__ float exp_of(float x) {
   if constexpr (std::is_same_v<T, float>) return expf(x);
   else return exp2_ftz(x * kLog2e);

@@ -93,21 +93,13 @@ inline cudaLaunchConfig_t launch_config(const Context& ctx, dim3 grid, dim3 bloc
 
 // Launches `kernel` cooperatively (every block resident at once, as a grid barrier needs; Note
 // [grid barrier]) on ctx's stream with `blocks` x `threads` and `smem` bytes of dynamic shared
-// memory. A refused launch (more blocks than fit) throws naming `what` and clears the error, so it
-// does not surface at the next launch.
+// memory, with programmatic stream serialization where the device allows it (Note [programmatic
+// launch]: the kernel starts with programmatic_prologue()). A refused launch (more blocks than
+// fit) throws naming `what` and clears the error, so it does not surface at the next launch.
+// Defined after launch_ex, below.
 template <class... Params, class... Args>
 void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Params...), int64_t blocks,
-                        int64_t threads, size_t smem, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t config = launch_config(ctx, dim3(unsigned(blocks)), dim3(unsigned(threads)), smem, attr, 1);
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    throw_cuda_error(what, status);
-  }
-}
+                        int64_t threads, size_t smem, Args&&... args);
 
 // Note [programmatic launch]: the latency-bound kernels (the row-wise forwards, the activations,
 // rotary, routing) are launched with programmatic stream serialization (PDL, compute capability
@@ -125,10 +117,15 @@ void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Par
 // (forward and backward), rotary, topk_softmax, grouped_topk, quant_fp8, softmax,
 // cross_entropy, kl_div / jsd / tvd, the losses' row reductions, embedding's gather, moe_permute's
 // one-launch path and copy, moe_unpermute, and the norm backward's few-row cluster (launch_cluster).
-// Not: cooperative launches (softmax's split rows, per-tensor
-// quant, the norm backward's one-launch dw), cross_entropy_with_grad's clusters,
-// cross_entropy's split-row forward (measured slower so: 9.9 -> 10.5 us at
-// 16 x 128,256), cuBLASLt GEMMs, attention, and the kernels around CUB's sort.
+// Cooperative launches too (launch_cooperative: softmax's split rows, per-tensor quant, the
+// one-launch norm and layer_norm backwards): their blocks still wait in the prologue until the
+// grid before has completed, and the grid after is launched only once every block of theirs has
+// passed its prologue, so all of them are resident, as the grid barrier needs; H200, bf16,
+// 1,024 x 4,096, same call: rms_norm_backward 13.77 / 13.86 -> 13.44 us, fused_add_rms_norm_
+// backward 18.11 / 17.33 -> 16.79 (docs/perf/gpu-h200-2026-11-29-round26.md).
+// Not: cross_entropy_with_grad's clusters, cross_entropy's split-row forward (measured slower
+// so: 9.9 -> 10.5 us at 16 x 128,256), cuBLASLt GEMMs, attention, and the kernels around CUB's
+// sort.
 __device__ __forceinline__ void programmatic_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -159,6 +156,19 @@ void launch_ex(const char* what, cudaLaunchConfig_t config, bool programmatic, v
     throw_cuda_error(what, status);
   }
   check_launch(what);
+}
+
+template <class... Params, class... Args>
+void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Params...), int64_t blocks,
+                        int64_t threads, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  const bool programmatic = programmatic_launch_enabled(ctx.device.index);
+  launch_ex(what, launch_config(ctx, dim3(unsigned(blocks)), dim3(unsigned(threads)), smem, attr, programmatic ? 2 : 1),
+            programmatic, kernel, std::forward<Args>(args)...);
 }
 
 template <class... Params, class... Args>
