@@ -23,11 +23,16 @@
 //   [tiling]) so a task's rows fit half of a core's L2. Memory traffic is x + y (forward) or
 //   dy + x + dx (backward), the roofline minimum. A group_norm group larger than half the L2 is
 //   read three times.
-// - The backward's row sums (sum g with g = dy * w in the read pass; sum g c in the centred pass)
-//   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory. Its dx
+// - The backward's row sums (the sums of d = x - k, d^2, g = dy * w and g d in the read pass)
+//   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory, and
+//   without the centred pass while k lies within a few standard deviations of the mean (Note
+//   [shifted backward sums]; else the centred pass runs from cache as in the forward). Its dx
 //   pass prefetches the next row's x and dy (Note [row prefetch]) and, past the cache share,
 //   writes dx with streaming stores: bf16 16,384 x 4,096 34-36 -> 28-31 ms on the Zen 4 VM
-//   (2026-11-29, three repetitions each, side by side).
+//   (2026-11-29, three repetitions each, side by side). The shifted sums and the dx pass over two
+//   rows at a time (Note [row pairs]) then gave, medians of five interleaved runs of the two
+//   builds on the same VM (2026-11-29, 20:40-20:50 UTC): bf16 1,024 x 4,096 1.56 -> 1.35 ms,
+//   16,384 x 4,096 25.3 -> 23.8 ms; f32 4.06 -> 3.88 and 35.6 -> 30.5 ms (docs/perf/cpu.md).
 // - OpenMP over tasks (parallel_tasks: one task means no parallel region, so decode rows pay no
 //   fork). Backward dw / db: each chunk of rows (whole tiles of Note [tiling], at most
 //   cpu::kMaxPartialChunks: Note [bounded partials]; never per thread) owns an f32 partial row;
@@ -284,53 +289,97 @@ template <class T> struct Params {
 };
 
 // ---- layer_norm backward -----------------------------------------------------------------------
-// One row: dx, and dy * xhat, dy added into the chunk's partial rows dw_part, db_part.
-// Pass 3 writes dx (with streaming stores under kStream, Note [streaming stores]) and prefetches
-// the next row's x and dy (next_x, next_dy: Note [row prefetch]), so that pass 1 of that row finds
-// them in cache.
-template <class T, bool kStream>
-void ln_backward_row(const T* dy, const T* x, const float* w, T* dx, float* dw_part,
-                     float* db_part, int64_t hidden, float eps, const T* next_x, const T* next_dy) {
-  const VF k = hn::Set(DF(), first_of(x));
-  // Pass 1 (the read from memory): sum(x - k) and sum(g), g = dy * w.
-  auto [sum_d, sum_g] = sum_over2(hidden, [&](int64_t i, size_t count, VF& sd, VF& sg) {
-    sd = hn::Add(sd, shifted(x, i, count, k));
-    sg = hn::MulAdd(load_n(dy + i, count), load_n(w + i, count), sg);
-  });
-  // Pass 2 (from cache): centred sums, Note [centred sums].
-  const float mean_d_value = sum_d / float(hidden);
-  const VF mean_d = hn::Set(DF(), mean_d_value);
-  const Sums4 sums = sum_over4(hidden, [&](int64_t i, size_t count, VF& sc, VF& scc, VF& sgc, VF&) {
-    const VF c = centred(x + i, count, k, mean_d);
-    sc = hn::Add(sc, c);
-    scc = hn::MulAdd(c, c, scc);
-    sgc = hn::MulAdd(hn::Mul(load_n(dy + i, count), load_n(w + i, count)), c, sgc);
+// A row's constants for its dx pass: the shift k, the mean of x - k, rstd, mean(g) and
+// mean(g * xhat) with g = dy * w.
+struct BwdRow {
+  float k = 0, mean_d = 0, rstd = 0, mean_g = 0, mean_gx = 0;
+};
+
+// The read of a row from memory (and, for an outlier first element, its centred pass from cache).
+template <class T> BwdRow ln_backward_sums(const T* dy, const T* x, const float* w, int64_t hidden, float eps) {
+  BwdRow r;
+  r.k = first_of(x);
+  const VF k = hn::Set(DF(), r.k);
+  // Pass 1 (the read from memory): with d = x - k and g = dy * w, the sums of d, d^2, g and g d.
+  const Sums4 p1 = sum_over4(hidden, [&](int64_t i, size_t count, VF& sd, VF& sdd, VF& sg, VF& sgd) {
+    const VF d = shifted(x, i, count, k);
+    const VF g = hn::Mul(load_n(dy + i, count), load_n(w + i, count));
+    sd = hn::Add(sd, d);
+    sdd = hn::MulAdd(d, d, sdd);
+    sg = hn::Add(sg, g);
+    sgd = hn::MulAdd(g, d, sgd);
   });
   const float n = float(hidden);
-  const float correction = sums.a / n;  // the rounding error of mean_d, as in stats_of
-  const Stats s{mean_d_value + correction, rstd_of(sums.a, sums.b, hidden, eps)};
-  const float mean_g = sum_g / n;
-  const float mean_gx = s.rstd * (sums.c - correction * sum_g) / n;  // mean(g * xhat)
-  const VF rstd = hn::Set(DF(), s.rstd);
-  const VF mean_corrected = hn::Set(DF(), s.mean_d);
-  const VF vmean_g = hn::Set(DF(), mean_g), vmean_gx = hn::Set(DF(), mean_gx);
+  const float sum_g = p1.c;
+  r.mean_d = p1.a / n;
+  float sum_gc;  // sum of g (x - mean)
+  if (p1.a * r.mean_d <= 8.0f * (p1.b - p1.a * r.mean_d)) {
+    // Note [shifted backward sums]: k within about 3 standard deviations of the mean (the
+    // cancellation in sum d^2 - n mean_d^2 at most 8x the centred sum): the shifted sums are as
+    // accurate as the centred ones, and the centred pass is saved.
+    r.rstd = rstd_of(p1.a, p1.b, hidden, eps);
+    sum_gc = p1.d - r.mean_d * sum_g;
+  } else {
+    // Pass 2 (from cache), an outlier first element or a NaN: centred sums, Note [centred sums].
+    const VF mean_d = hn::Set(DF(), r.mean_d);
+    const Sums4 sums = sum_over4(hidden, [&](int64_t i, size_t count, VF& sc, VF& scc, VF& sgc, VF&) {
+      const VF c = centred(x + i, count, k, mean_d);
+      sc = hn::Add(sc, c);
+      scc = hn::MulAdd(c, c, scc);
+      sgc = hn::MulAdd(hn::Mul(load_n(dy + i, count), load_n(w + i, count)), c, sgc);
+    });
+    const float correction = sums.a / n;  // the rounding error of mean_d, as in stats_of
+    r.mean_d += correction;
+    r.rstd = rstd_of(sums.a, sums.b, hidden, eps);
+    sum_gc = sums.c - correction * sum_g;
+  }
+  r.mean_g = sum_g / n;
+  r.mean_gx = r.rstd * sum_gc / n;  // mean(g * xhat)
+  return r;
+}
+
+// The dx pass of R rows (1 or 2) at once, from cache: dx, and dy * xhat, dy added into the
+// chunk's partial rows dw_part, db_part, row after row (the order of the single-row pass, so the
+// same sums), with one load and store of each partial per R rows (Note [row pairs]). dx leaves
+// with streaming stores under kStream (Note [streaming stores]); the pass prefetches the R rows
+// after (next_x, next_dy, rows `stride` elements apart: Note [row prefetch]), so that pass 1 of
+// those rows finds them in cache.
+template <class T, bool kStream, int R>
+void ln_backward_dx(const T* const (&dy)[R], const T* const (&x)[R], T* const (&dx)[R], const BwdRow (&c)[R],
+                    const float* w, float* dw_part, float* db_part, int64_t hidden, const T* next_x,
+                    const T* next_dy, int64_t next_stride_x, int64_t next_stride_dy) {
+  VF k[R], mean[R], rstd[R], mean_g[R], mean_gx[R];
+  for (int r = 0; r < R; ++r) {
+    k[r] = hn::Set(DF(), c[r].k), mean[r] = hn::Set(DF(), c[r].mean_d), rstd[r] = hn::Set(DF(), c[r].rstd);
+    mean_g[r] = hn::Set(DF(), c[r].mean_g), mean_gx[r] = hn::Set(DF(), c[r].mean_gx);
+  }
   constexpr int64_t kLineElements = 64 / int64_t(sizeof(T));
   for_each_vector(hidden, [&](int64_t i, size_t count) {
-    if (i % kLineElements == 0) {
-      hwy::Prefetch(next_x + i);
-      hwy::Prefetch(next_dy + i);
+    if (i % kLineElements == 0)
+      for (int r = 0; r < R; ++r) {
+        hwy::Prefetch(next_x + r * next_stride_x + i);
+        hwy::Prefetch(next_dy + r * next_stride_dy + i);
+      }
+    const VF wv = load_n(w + i, count);
+    VF dw = load_n(dw_part + i, count), db = load_n(db_part + i, count);
+    for (int r = 0; r < R; ++r) {
+      const VF g_up = load_n(dy[r] + i, count);
+      const VF xhat = hn::Mul(centred(x[r] + i, count, k[r], mean[r]), rstd[r]);
+      const VF inner = hn::NegMulAdd(xhat, mean_gx[r], hn::Sub(hn::Mul(g_up, wv), mean_g[r]));
+      if (kStream && count == hn::Lanes(DF())) store<true>(hn::Mul(rstd[r], inner), dx[r] + i);
+      else store_n(hn::Mul(rstd[r], inner), dx[r] + i, count);
+      dw = hn::MulAdd(g_up, xhat, dw);
+      db = hn::Add(g_up, db);
     }
-    const VF g_up = load_n(dy + i, count);
-    const VF xhat = hn::Mul(centred(x + i, count, k, mean_corrected), rstd);
-    const VF g = hn::Mul(g_up, load_n(w + i, count));
-    const VF inner = hn::NegMulAdd(xhat, vmean_gx, hn::Sub(g, vmean_g));
-    if (kStream && count == hn::Lanes(DF())) store<true>(hn::Mul(rstd, inner), dx + i);
-    else store_n(hn::Mul(rstd, inner), dx + i, count);
-    store_n(hn::MulAdd(g_up, xhat, load_n(dw_part + i, count)), dw_part + i, count);
-    store_n(hn::Add(g_up, load_n(db_part + i, count)), db_part + i, count);
+    store_n(dw, dw_part + i, count);
+    store_n(db, db_part + i, count);
   });
 }
 
+// Note [row pairs]: the chunk's rows go two at a time through the dx pass (each row's sums are
+// taken first, one row after the other), so the f32 partials dw_part and db_part (4 bytes an
+// element each, beside 2 of x and 2 of dy in bf16) are read and written once per two rows; the
+// two rows' x and dy stay in L2 between their sums and their dx pass.
 template <class T, bool kStream>
 void ln_backward_chunk_typed(const LayerNormRows& a, int64_t begin, int64_t end, float* dw_part,
                              float* db_part) {
@@ -338,13 +387,32 @@ void ln_backward_chunk_typed(const LayerNormRows& a, int64_t begin, int64_t end,
   std::fill(db_part, db_part + a.hidden, 0.0f);
   if (a.hidden == 0) return;
   const Params<T> p(a.w, nullptr, a.hidden);
+  const float* w = p.w.get();
   const T* x = static_cast<const T*>(a.x);
   const T* dy = static_cast<const T*>(a.dy);
-  for (int64_t row = begin; row < end; ++row) {
-    const int64_t next = row + 1 < a.rows ? row + 1 : row;  // the call's last row: itself
-    ln_backward_row<T, kStream>(dy + row * a.dy_stride, x + row * a.x_stride, p.w.get(),
-                                static_cast<T*>(a.dx) + row * a.dx_stride, dw_part, db_part,
-                                a.hidden, a.eps, x + next * a.x_stride, dy + next * a.dy_stride);
+  T* dx = static_cast<T*>(a.dx);
+  const int64_t last = a.rows - 1;
+  for (int64_t row = begin; row < end;) {
+    if (row + 1 < end) {
+      const T* const rx[2] = {x + row * a.x_stride, x + (row + 1) * a.x_stride};
+      const T* const rdy[2] = {dy + row * a.dy_stride, dy + (row + 1) * a.dy_stride};
+      T* const rdx[2] = {dx + row * a.dx_stride, dx + (row + 1) * a.dx_stride};
+      const BwdRow c[2] = {ln_backward_sums(rdy[0], rx[0], w, a.hidden, a.eps),
+                           ln_backward_sums(rdy[1], rx[1], w, a.hidden, a.eps)};
+      const int64_t next = std::min(row + 2, last), step = row + 3 <= last ? 1 : 0;  // the call's last rows: themselves
+      ln_backward_dx<T, kStream, 2>(rdy, rx, rdx, c, w, dw_part, db_part, a.hidden, x + next * a.x_stride,
+                                    dy + next * a.dy_stride, step * a.x_stride, step * a.dy_stride);
+      row += 2;
+    } else {
+      const T* const rx[1] = {x + row * a.x_stride};
+      const T* const rdy[1] = {dy + row * a.dy_stride};
+      T* const rdx[1] = {dx + row * a.dx_stride};
+      const BwdRow c[1] = {ln_backward_sums(rdy[0], rx[0], w, a.hidden, a.eps)};
+      const int64_t next = std::min(row + 1, last);
+      ln_backward_dx<T, kStream, 1>(rdy, rx, rdx, c, w, dw_part, db_part, a.hidden, x + next * a.x_stride,
+                                    dy + next * a.dy_stride, 0, 0);
+      row += 1;
+    }
   }
   if constexpr (kStream) hwy::FlushStream();
 }
