@@ -34,9 +34,10 @@ inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_
 // issued before they are added, so a thread waits out one L2 round trip per eight entries, not one
 // per entry: 16 rows of 250 segment sums each are 16 loads a thread, where a thread per row had 250
 // dependent ones), the kept rows are counted the same way over the labels, then fixed trees add
-// the partial sums and counts (a shuffle butterfly in each warp, then one over the warps' results):
-// the same bits for the same inputs and block size, no atomics, no host synchronization. A row is kept when `labels` is null or labels[row] !=
-// ignore_index; rows that are not kept must have loss 0 (the kernels write 0 for them).
+// the partial sums and counts (a shuffle butterfly in each warp, then one over the warps'
+// results): the same bits for the same inputs and block size, no atomics, no host
+// synchronization. A row is kept when `labels` is null or labels[row] != ignore_index; rows that
+// are not kept must have loss 0 (the kernels write 0 for them).
 //   out = count of kept rows                  (count_only; `losses` may be null)
 //   out = sum / (kept rows * divisor_scale)   (divide; 0 kept rows gives NaN, as 0 / 0, or 0
 //                                              with zero_if_none_kept)
@@ -78,7 +79,7 @@ template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r)
   }
   // A butterfly in each warp, the warps' results through shared memory, a butterfly in warp 0:
   // two block barriers where a shared-memory tree over the block takes log2(kThreads) + 1.
-  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 32");
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 32 of them");
   constexpr int kWarps = kThreads / 32;
   __shared__ double sums[kWarps];
   __shared__ double counts[kWarps];

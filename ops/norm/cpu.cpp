@@ -34,7 +34,11 @@
 //   vectorised over columns. Deterministic, and independent of the thread count. With a chunk
 //   per tile the partials grew with the rows (2,048 of them at 16,384 x 4,096 with 8-row tiles):
 //   fused_add_rms_norm_backward bf16 there took 51-62 ms, 34-40 ms with the bound (Zen 4 VM,
-//   2026-11-29, same run; docs/perf/cpu.md).
+//   2026-11-29, same run; docs/perf/cpu.md). The second pass takes two rows at a time (Note [row
+//   pairs] in ops/layernorm/cpu.cpp), one load and store of the partial per two rows: medians of
+//   three interleaved runs (Zen 4 VM, 2026-11-29), rms_norm_backward 1,024 / 16,384 x 4,096 bf16
+//   1.23 -> 0.99 / 17.5 -> 17.0 ms, f32 2.32 -> 1.87 / 31.4 -> 26.4 ms; fused_add_rms_norm_backward
+//   bf16 2.45 -> 2.05 / 42.4 -> 40.2, f32 3.39 -> 3.52 / 60.7 -> 50.1 ms.
 //
 // Measured before the pair steps and streaming stores (16-core Xeon VM, AVX-512 target, 16
 // threads; a parallel copy reached 220 GB/s in L3 and 95 GB/s from DRAM in the same run; shared
@@ -245,10 +249,10 @@ HWY_INLINE VF backward_dx(const BackwardCoef& k, VF v, VF dy, VF g) {
   return hn::NegMulAdd(k.coef, v, hn::Mul(k.rstd, hn::Mul(dy, g)));  // rstd*m - coef*x
 }
 
-// One backward row; adds dy * s * rstd into `partial` (f32, hidden long, Note [pair order]).
-template <class T, bool kFused, bool kStream>
-void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, int64_t hidden,
-                  float eps) {
+// The first pass of a backward row (the read from memory): its rstd and coef from the sums of
+// v^2 and (dy * g) v.
+template <class T, bool kFused>
+BackwardCoef backward_coef(const BackwardRow<T>& r, const float* gain, int64_t hidden, float eps) {
   const DF d;
   VF sq_a = hn::Zero(d), sq_b = hn::Zero(d), mx_a = hn::Zero(d), mx_b = hn::Zero(d);
   for_each_pair(
@@ -271,56 +275,91 @@ void backward_row(const BackwardRow<T>& r, const float* gain, float* partial, in
   const float sum_sq = sum_lanes(hn::Add(sq_a, sq_b)), sum_mx = sum_lanes(hn::Add(mx_a, mx_b));
   const float rstd = 1.0f / std::sqrt(sum_sq / float(hidden) + eps);
   const float coef = rstd * rstd * rstd / float(hidden) * sum_mx;
-  const BackwardCoef k{hn::Set(d, rstd), hn::Set(d, coef)};
+  return BackwardCoef{hn::Set(d, rstd), hn::Set(d, coef)};
+}
+
+// The second pass of R backward rows (1 or 2) at once, from cache: dx (and dresidual), and
+// dy * s * rstd added into `partial` (f32, hidden long, Note [pair order]) row after row, the
+// order of one row at a time, with one load and store of the partial per R rows (Note [row
+// pairs] in ops/layernorm/cpu.cpp).
+template <class T, bool kFused, bool kStream, int R>
+void backward_dx_rows(const BackwardRow<T> (&r)[R], const BackwardCoef (&k)[R], const float* gain, float* partial,
+                      int64_t hidden) {
   for_each_pair(
       hidden,
       [&](int64_t i) {
-        VF va, vb, dya, dyb, ga, gb, pa, pb;
-        input_pair<T, kFused>(r, i, va, vb);
-        load_pair(r.dy + i, dya, dyb);
+        VF ga, gb, pa, pb;
         load_scratch(gain + i, ga, gb);
-        VF dxa = backward_dx(k, va, dya, ga), dxb = backward_dx(k, vb, dyb, gb);
-        if constexpr (kFused) {
-          VF dsa, dsb;
-          load_pair(r.ds + i, dsa, dsb);
-          dxa = hn::Add(dxa, dsa);
-          dxb = hn::Add(dxb, dsb);
-          store_pair<kStream>(dxa, dxb, r.dresidual + i);
-        }
-        store_pair<kStream>(dxa, dxb, r.dx + i);
         load_scratch(partial + i, pa, pb);
-        store_scratch(hn::MulAdd(hn::Mul(dya, va), k.rstd, pa),
-                      hn::MulAdd(hn::Mul(dyb, vb), k.rstd, pb), partial + i);
+        for (int q = 0; q < R; ++q) {
+          VF va, vb, dya, dyb;
+          input_pair<T, kFused>(r[q], i, va, vb);
+          load_pair(r[q].dy + i, dya, dyb);
+          VF dxa = backward_dx(k[q], va, dya, ga), dxb = backward_dx(k[q], vb, dyb, gb);
+          if constexpr (kFused) {
+            VF dsa, dsb;
+            load_pair(r[q].ds + i, dsa, dsb);
+            dxa = hn::Add(dxa, dsa);
+            dxb = hn::Add(dxb, dsb);
+            store_pair<kStream>(dxa, dxb, r[q].dresidual + i);
+          }
+          store_pair<kStream>(dxa, dxb, r[q].dx + i);
+          pa = hn::MulAdd(hn::Mul(dya, va), k[q].rstd, pa);
+          pb = hn::MulAdd(hn::Mul(dyb, vb), k[q].rstd, pb);
+        }
+        store_scratch(pa, pb, partial + i);
       },
       [&](int64_t i, size_t count) {
-        const VF v = input_at<T, kFused>(r, i, count);
-        const VF dy = load_n(r.dy + i, count);
-        VF dx = backward_dx(k, v, dy, load_n(gain + i, count));
-        if constexpr (kFused) {
-          dx = hn::Add(dx, load_n(r.ds + i, count));
-          store_n(dx, r.dresidual + i, count);
+        const VF g = load_n(gain + i, count);
+        VF p = load_n(partial + i, count);
+        for (int q = 0; q < R; ++q) {
+          const VF v = input_at<T, kFused>(r[q], i, count);
+          const VF dy = load_n(r[q].dy + i, count);
+          VF dx = backward_dx(k[q], v, dy, g);
+          if constexpr (kFused) {
+            dx = hn::Add(dx, load_n(r[q].ds + i, count));
+            store_n(dx, r[q].dresidual + i, count);
+          }
+          store_n(dx, r[q].dx + i, count);
+          p = hn::MulAdd(hn::Mul(dy, v), k[q].rstd, p);
         }
-        store_n(dx, r.dx + i, count);
-        store_n(hn::MulAdd(hn::Mul(dy, v), k.rstd, load_n(partial + i, count)), partial + i, count);
+        store_n(p, partial + i, count);
       });
 }
 
+template <class T, bool kFused>
+BackwardRow<T> backward_row_at(const NormBackwardRows& a, int64_t row) {
+  BackwardRow<T> r{};
+  r.dy = static_cast<const T*>(a.dy) + row * a.dy_stride;
+  r.x = static_cast<const T*>(a.x) + row * a.x_stride;
+  r.dx = static_cast<T*>(a.dx) + row * a.dx_stride;
+  if constexpr (kFused) {
+    r.ds = static_cast<const T*>(a.ds) + row * a.ds_stride;
+    r.residual = static_cast<const T*>(a.residual) + row * a.residual_stride;
+    r.dresidual = static_cast<T*>(a.dresidual) + row * a.dresidual_stride;
+  }
+  return r;
+}
+
+// Rows two at a time through the second pass (Note [row pairs] in ops/layernorm/cpu.cpp).
 template <class T, bool kFused, bool kStream>
 void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end, float* partial) {
   std::fill(partial, partial + a.hidden, 0.0f);
   std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
-  for (int64_t row = begin; row < end; ++row) {
-    BackwardRow<T> r{};
-    r.dy = static_cast<const T*>(a.dy) + row * a.dy_stride;
-    r.x = static_cast<const T*>(a.x) + row * a.x_stride;
-    r.dx = static_cast<T*>(a.dx) + row * a.dx_stride;
-    if constexpr (kFused) {
-      r.ds = static_cast<const T*>(a.ds) + row * a.ds_stride;
-      r.residual = static_cast<const T*>(a.residual) + row * a.residual_stride;
-      r.dresidual = static_cast<T*>(a.dresidual) + row * a.dresidual_stride;
+  for (int64_t row = begin; row < end;) {
+    if (row + 1 < end) {
+      const BackwardRow<T> r[2] = {backward_row_at<T, kFused>(a, row), backward_row_at<T, kFused>(a, row + 1)};
+      const BackwardCoef k[2] = {backward_coef<T, kFused>(r[0], gain.get(), a.hidden, a.eps),
+                                 backward_coef<T, kFused>(r[1], gain.get(), a.hidden, a.eps)};
+      backward_dx_rows<T, kFused, kStream, 2>(r, k, gain.get(), partial, a.hidden);
+      row += 2;
+    } else {
+      const BackwardRow<T> r[1] = {backward_row_at<T, kFused>(a, row)};
+      const BackwardCoef k[1] = {backward_coef<T, kFused>(r[0], gain.get(), a.hidden, a.eps)};
+      backward_dx_rows<T, kFused, kStream, 1>(r, k, gain.get(), partial, a.hidden);
+      row += 1;
     }
-    backward_row<T, kFused, kStream>(r, gain.get(), partial, a.hidden, a.eps);
   }
   if constexpr (kStream) hwy::FlushStream();
 }
