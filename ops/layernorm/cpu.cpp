@@ -392,28 +392,24 @@ void ln_backward_chunk_typed(const LayerNormRows& a, int64_t begin, int64_t end,
   const T* dy = static_cast<const T*>(a.dy);
   T* dx = static_cast<T*>(a.dx);
   const int64_t last = a.rows - 1;
-  for (int64_t row = begin; row < end;) {
-    if (row + 1 < end) {
-      const T* const rx[2] = {x + row * a.x_stride, x + (row + 1) * a.x_stride};
-      const T* const rdy[2] = {dy + row * a.dy_stride, dy + (row + 1) * a.dy_stride};
-      T* const rdx[2] = {dx + row * a.dx_stride, dx + (row + 1) * a.dx_stride};
-      const BwdRow c[2] = {ln_backward_sums(rdy[0], rx[0], w, a.hidden, a.eps),
-                           ln_backward_sums(rdy[1], rx[1], w, a.hidden, a.eps)};
-      const int64_t next = std::min(row + 2, last), step = row + 3 <= last ? 1 : 0;  // the call's last rows: themselves
-      ln_backward_dx<T, kStream, 2>(rdy, rx, rdx, c, w, dw_part, db_part, a.hidden, x + next * a.x_stride,
-                                    dy + next * a.dy_stride, step * a.x_stride, step * a.dy_stride);
-      row += 2;
-    } else {
-      const T* const rx[1] = {x + row * a.x_stride};
-      const T* const rdy[1] = {dy + row * a.dy_stride};
-      T* const rdx[1] = {dx + row * a.dx_stride};
-      const BwdRow c[1] = {ln_backward_sums(rdy[0], rx[0], w, a.hidden, a.eps)};
-      const int64_t next = std::min(row + 1, last);
-      ln_backward_dx<T, kStream, 1>(rdy, rx, rdx, c, w, dw_part, db_part, a.hidden, x + next * a.x_stride,
-                                    dy + next * a.dy_stride, 0, 0);
-      row += 1;
+  // Rows row .. row + R - 1: their sums one after the other, then one dx pass, which prefetches
+  // the R rows after (the call's last rows: themselves).
+  auto rows = [&]<int R>(int64_t row) {
+    const T* rx[R];
+    const T* rdy[R];
+    T* rdx[R];
+    BwdRow c[R];
+    for (int r = 0; r < R; ++r) {
+      rx[r] = x + (row + r) * a.x_stride, rdy[r] = dy + (row + r) * a.dy_stride, rdx[r] = dx + (row + r) * a.dx_stride;
+      c[r] = ln_backward_sums(rdy[r], rx[r], w, a.hidden, a.eps);
     }
-  }
+    const int64_t next = std::min(row + R, last), step = next + R - 1 <= last ? 1 : 0;
+    ln_backward_dx<T, kStream, R>(rdy, rx, rdx, c, w, dw_part, db_part, a.hidden, x + next * a.x_stride,
+                                  dy + next * a.dy_stride, step * a.x_stride, step * a.dy_stride);
+  };
+  int64_t row = begin;
+  for (; row + 1 < end; row += 2) rows.template operator()<2>(row);
+  if (row < end) rows.template operator()<1>(row);
   if constexpr (kStream) hwy::FlushStream();
 }
 template <class T>

@@ -347,20 +347,18 @@ void backward_chunk_typed(const NormBackwardRows& a, int64_t begin, int64_t end,
   std::fill(partial, partial + a.hidden, 0.0f);
   std::unique_ptr<float[]> gain(new float[size_t(a.hidden)]);
   gain_row(static_cast<const T*>(a.w), a.offset, gain.get(), a.hidden);
-  for (int64_t row = begin; row < end;) {
-    if (row + 1 < end) {
-      const BackwardRow<T> r[2] = {backward_row_at<T, kFused>(a, row), backward_row_at<T, kFused>(a, row + 1)};
-      const BackwardCoef k[2] = {backward_coef<T, kFused>(r[0], gain.get(), a.hidden, a.eps),
-                                 backward_coef<T, kFused>(r[1], gain.get(), a.hidden, a.eps)};
-      backward_dx_rows<T, kFused, kStream, 2>(r, k, gain.get(), partial, a.hidden);
-      row += 2;
-    } else {
-      const BackwardRow<T> r[1] = {backward_row_at<T, kFused>(a, row)};
-      const BackwardCoef k[1] = {backward_coef<T, kFused>(r[0], gain.get(), a.hidden, a.eps)};
-      backward_dx_rows<T, kFused, kStream, 1>(r, k, gain.get(), partial, a.hidden);
-      row += 1;
+  auto rows = [&]<int R>(int64_t row) {  // rows row .. row + R - 1
+    BackwardRow<T> r[R];
+    BackwardCoef k[R];
+    for (int q = 0; q < R; ++q) {
+      r[q] = backward_row_at<T, kFused>(a, row + q);
+      k[q] = backward_coef<T, kFused>(r[q], gain.get(), a.hidden, a.eps);
     }
-  }
+    backward_dx_rows<T, kFused, kStream, R>(r, k, gain.get(), partial, a.hidden);
+  };
+  int64_t row = begin;
+  for (; row + 1 < end; row += 2) rows.template operator()<2>(row);
+  if (row < end) rows.template operator()<1>(row);
   if constexpr (kStream) hwy::FlushStream();
 }
 
