@@ -8,15 +8,18 @@
 //    of the row then reads z[target] (a single element), and writes lse and the row's loss.
 //    Each thread keeps four 16-byte loads in flight (scan_units). With fewer rows than SMs a row
 //    is split over several blocks and their partial statistics merged by a second launch
-//    (Note [split rows]): 16 rows of a 128k vocab then use the whole card, not 16 SMs.
+//    (Note [split rows]): 16 rows of a 128k vocab then use the whole card, not 16 SMs. With
+//    16-byte packs on compute capability 9.0 a row is one thread-block cluster instead (Note
+//    [few-row cross_entropy cluster]).
 //    Reductions run in a fixed order (ops/softmax/row_reduce.cuh), so results are deterministic.
 //  - sum / mean: the per-row losses go to the stream's workspace and one more launch of one
 //    block adds them in a fixed order (Note [loss row reduction]: strided f64 sums, then a tree), and
 //    counts the rows not ignored: no atomics, no host synchronization (no `.item()`).
 //  - Backward: needs no reduction (p = exp(z - lse) from the saved lse), so it is one streaming
 //    pass: 2-D blocks, x over the row's 16-byte packs (or elements), y over rows; each thread
-//    writes dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j == target]) times the softcap's
-//    derivative. The target entry is computed in f32 like every other. For mean, a one-block
+//    writes 1, 2 or 4 units of a row (Note [backward units]), dz = g ((1 + 2 s lse) p - eps -
+//    (1 - ls) [j == target]) times the softcap's derivative, one FFMA after the exp when there is
+//    no softcap. The target entry is computed in f32 like every other. For mean, a one-block
 //    launch first counts the kept rows into the workspace (up to 64 rows every block counts them
 //    itself, with no launch before it).
 //  - cuda_vec16 (priority 200): 16-byte packs, needs aligned bases and V, row strides multiples
@@ -31,15 +34,19 @@
 #include <cmath>
 #include <string_view>
 
+#include <cooperative_groups.h>
+
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/loss/loss_cuda.cuh"
 #include "ops/loss/loss_cuda.h"
+#include "ops/softmax/cluster_plan.h"
 #include "ops/softmax/row_reduce.cuh"
 
 namespace opforge {
 namespace cuda::loss {
 namespace {
 
+namespace cg = cooperative_groups;
 using namespace cuda::rows;  // NOLINT: UnitOf, Stats, row_stats, row_sum
 
 enum class Red { none, sum, mean };
@@ -247,6 +254,108 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
   if (threadIdx.x == 0) *reduced = float(red == 1 ? sum : sum / kept);  // mean of no kept row: NaN, as the reference
 }
 
+// Note [few-row cross_entropy cluster] (16-byte packs, compute capability 9.0 on; Note [cluster
+// launch]): Note [split rows] as one thread-block cluster a row, with the softmax family's plan
+// (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads a row, 4 or 8 units a
+// thread). Every thread loads all its units of the row at once (one memory round trip, where the
+// split kernel's four-in-flight loop waits out two or more), takes its (max, sum of exp) as
+// pairwise trees (cached_stats) and the CTA's (max, sum, sum z) goes to its shared memory. After
+// one cluster barrier rank 0 fetches the cluster's partials through distributed shared memory (a
+// thread per rank), thread 0 merges them in rank order and finishes the row (lse, loss), its
+// target and target logit loaded while the row was. sum / mean: the rows' rank-0 CTAs arrive on
+// the stream's barrier word (Note [last block]) and the last one adds the rows' losses (Note
+// [loss row reduction]). One launch, no workspace for partials, the same bits every run.
+constexpr int kMaxClusterRanks = 8;  // the portable cluster size
+
+template <class T, int kUnits>
+__global__ void __launch_bounds__(softmax::kClusterThreads, 2)
+    forward_cluster_kernel(ForwardArgs<T> p, int64_t seg_units, unsigned* arrivals, RowReduce reduce) {
+  programmatic_prologue();  // Note [programmatic launch]
+  using U = UnitOf<T, true>;
+  constexpr int W = U::width, kThreads = softmax::kClusterThreads;
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  __shared__ Stats part;  // this CTA's statistics and sum of z, read by rank 0
+  __shared__ float part_z;
+  __shared__ Stats parts[kMaxClusterRanks];  // rank 0: the cluster's, in rank order
+  __shared__ float parts_z[kMaxClusterRanks];
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
+  const int64_t row = int64_t(blockIdx.x) / ranks;
+  const int64_t begin = int64_t(rank) * seg_units, end = min(p.vocab / W, begin + seg_units);
+  const T* x = p.logits + row * p.logits_stride;
+  typename U::Raw raw[kUnits];
+#pragma unroll
+  for (int c = 0; c < kUnits; ++c) {
+    const int64_t u = begin + threadIdx.x + int64_t(c) * kThreads;
+    raw[c] = U::load_or(x + u * W, u < end, -INFINITY);
+  }
+  const bool finisher = rank == 0 && threadIdx.x == 0;
+  int64_t t = 0;
+  float zt = 0.0f;
+  if (finisher) load_target(p, row, t, zt);  // in flight with the row
+  // Units past the row's end hold -inf (exp 0) after the softcap too; sum z adds in-row units only
+  // (a masked -inf logit makes it -inf, as in the reference).
+  float v[kUnits][W], zs[kUnits];
+#pragma unroll
+  for (int c = 0; c < kUnits; ++c) {
+    const bool in = begin + threadIdx.x + int64_t(c) * kThreads < end;
+    const typename U::Floats f = U::widen(raw[c]);
+    zs[c] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      v[c][j] = in ? cap(f.v[j], p.o.softcap) : -INFINITY;
+      if (in) zs[c] += v[c][j];
+    }
+  }
+  Stats st = cached_stats<T, false>(v);
+  st = row_stats<T>(st, kThreads, stats_scratch);
+  if (p.o.smoothing > 0.0f) {  // uniform over the launch
+    const float z = row_sum(tree_reduce(zs, [](float a, float b) { return a + b; }), kThreads, sum_scratch);
+    if (threadIdx.x == 0) part_z = z;
+  }
+  if (threadIdx.x == 0) part = st;
+  cluster.sync();
+  if (rank == 0 && threadIdx.x < ranks) {
+    parts[threadIdx.x] = *cluster.map_shared_rank(&part, threadIdx.x);
+    if (p.o.smoothing > 0.0f) parts_z[threadIdx.x] = *cluster.map_shared_rank(&part_z, threadIdx.x);
+  }
+  cluster_arrive();  // done with the other CTAs' shared memory
+  if (rank == 0) {   // the whole CTA (barriers below)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum_z = 0.0f;
+      if (p.o.smoothing > 0.0f)
+        for (unsigned r = 0; r < ranks; ++r) sum_z += parts_z[r];
+      finish_row(p, row, merge_all<T>(parts, int(ranks)), sum_z, t, zt);
+    }
+    if (reduce.out != nullptr && last_block_arrives(arrivals, unsigned(p.rows))) reduce_rows_in_block<kThreads>(reduce);
+    __syncwarp();
+  }
+  cluster_wait();  // no CTA leaves while rank 0 may still read its `part`
+}
+
+// Launches Note [few-row cross_entropy cluster] when its plan takes the call and the device can
+// co-schedule the cluster; false otherwise (the caller takes the split or row kernel).
+template <class T>
+bool launch_forward_cluster(const Context& ctx, const ForwardArgs<T>& p, int64_t units, int sms, unsigned* arrivals,
+                            const RowReduce& reduce) {
+  if (!cluster_rows_enabled()) return false;
+  softmax::FewRowPlan plan = softmax::few_row_plan(p.rows, units, sms, true);
+  if (plan.ranks > kMaxClusterRanks) plan = softmax::few_row_plan(p.rows, units, sms, false);
+  if (plan.ranks < 2) return false;
+  auto launch = [&](auto kernel) {
+    if (!cluster_launch_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan.ranks,
+                             softmax::kClusterThreads, 0))
+      return false;
+    launch_cluster(ctx, "cross_entropy cluster launch", kernel, dim3(unsigned(p.rows * plan.ranks)),
+                   dim3(softmax::kClusterThreads), 0, plan.ranks, p, (units + plan.ranks - 1) / plan.ranks, arrivals,
+                   reduce);
+    return true;
+  };
+  return plan.units_per_thread == 4 ? launch(forward_cluster_kernel<T, 4>) : launch(forward_cluster_kernel<T, 8>);
+}
+
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
 // divisor_scale 1 (mean divides by the kept rows), count_only for the backward's mean.
 __global__ void __launch_bounds__(1024) reduce_kernel(RowReduce r) {
@@ -278,53 +387,90 @@ template <class T> struct BackwardArgs {
 // block 16 small loads, which run in the shadow of its logits load.
 constexpr int64_t kCountInBlockRows = 64;
 
-template <class T, bool kVec>
+// Note [backward units]: a thread writes kUnits units of a row (u0, u0 + bx, ...; bx = blockDim.x),
+// their loads issued together, and reads the row's scalars (target, dloss, lse) once for all of
+// them. One unit a thread made 1,024 x 128,256 bf16 16 million short threads, each paying the
+// scalars, the mean's division and its block's launch for one 16-byte pack; and the element math
+// is the exp and one FFMA (rows ignored or with a bad target branch off once, the target's term is
+// a select of the FFMA's addend, the softcap a uniform branch), where it had been about 14
+// instructions an element, enough to bound the bf16 kernel. H200, bf16, 1,024 x 128,256: 206 us
+// (52%) before, 176 with 4 units alone, 134 (94%) with both.
+template <class T, bool kVec, int kUnits>
 __global__ void __launch_bounds__(256) backward_kernel(BackwardArgs<T> p) {
   programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
   const int64_t units = p.vocab / W;
-  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  float kept_rows = 0.0f;
+  const int64_t u0 = int64_t(blockIdx.x) * blockDim.x * kUnits + threadIdx.x;
+  const int64_t first_row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
+  // The first row's loads (its units and scalars) are issued before anything waits: the kept-row
+  // count below is a barrier over small dependent loads whose latency then overlaps them.
+  typename U::Raw raw[kUnits];
+  int64_t t = 0;
+  float g = 0.0f, lse = 0.0f;
+  auto load_row = [&](int64_t row) {
+    const T* x = p.logits + row * p.logits_stride;
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int64_t u = u0 + int64_t(k) * blockDim.x;
+      if (u < units) raw[k] = U::load(x + u * W);
+    }
+    t = p.target[row * p.target_stride];
+    g = load_float(p.dloss, p.dloss_dtype, row * p.dloss_stride);
+    lse = load_float(p.lse, p.lse_dtype, row * p.lse_stride);
+  };
+  const bool live = u0 < units && first_row < p.rows;
+  if (live) load_row(first_row);
+  float inv_kept = 1.0f;
   if (p.count_in_block) {  // every thread of the block takes part (a barrier)
     const int64_t i = int64_t(threadIdx.y) * blockDim.x + threadIdx.x;
-    kept_rows = float(__syncthreads_count(i < p.rows && p.target[i * p.target_stride] != p.o.ignore_index));
+    inv_kept = 1.0f / float(__syncthreads_count(i < p.rows && p.target[i * p.target_stride] != p.o.ignore_index));
+  } else if (p.kept) {
+    inv_kept = 1.0f / *p.kept;
   }
-  if (u >= units) return;  // no barriers below
+  if (!live) return;  // no barriers below
   const float c_ls = 1.0f - p.o.smoothing, eps = p.o.smoothing / float(p.vocab);
-  const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step) {
-    // The 16-byte logits load goes first: the row's scalars (target, dloss, lse) are small
-    // dependent loads whose latency then overlaps it.
-    const typename U::Raw raw = U::load(p.logits + row * p.logits_stride + u * W);
-    const int64_t t = p.target[row * p.target_stride];
-    T* out = p.dlogits + row * p.dlogits_stride + u * W;
-    typename U::Floats d;
-    if (t == p.o.ignore_index) {
+  for (int64_t row = first_row; row < p.rows; row += row_step) {
+    if (row != first_row) load_row(row);
+    T* out = p.dlogits + row * p.dlogits_stride;
+    // Ignored rows get 0, a target out of range NaN (the reference reports it; Note at the top).
+    const bool ignored = t == p.o.ignore_index;
+    if (ignored || t < 0 || t >= p.vocab) {
+      typename U::Floats d;
 #pragma unroll
-      for (int j = 0; j < W; ++j) d.v[j] = 0.0f;
-      U::store(out, d);
+      for (int j = 0; j < W; ++j) d.v[j] = ignored ? 0.0f : NAN;
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k)
+        if (const int64_t u = u0 + int64_t(k) * blockDim.x; u < units) U::store(out + u * W, d);
       continue;
     }
-    float g = load_float(p.dloss, p.dloss_dtype, row * p.dloss_stride);
-    if (p.kept) g /= *p.kept;
-    else if (p.count_in_block) g /= kept_rows;
-    const float lse = load_float(p.lse, p.lse_dtype, row * p.lse_stride);
-    const float scale = 1.0f + 2.0f * p.o.z_scale * lse;
-    const bool bad = t < 0 || t >= p.vocab;
-    const typename U::Floats x = U::widen(raw);
+    // dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j == target]) as one FFMA an element: a p + b,
+    // b taking the target's term where j is the target (g / kept rows as a product: one rounding
+    // more than the division, the same for every element).
+    const float gr = g * inv_kept;
+    const float a = gr * (1.0f + 2.0f * p.o.z_scale * lse), b = -gr * eps, b_hit = -gr * (eps + c_ls);
+    const float lse2 = lse * kLog2e;
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-      const float z = cap(x.v[j], p.o.softcap);
-      const float hit = (u * W + j == t) ? c_ls : 0.0f;
-      float dz = g * (scale * exp_of<T>(z - lse) - eps - hit);
-      if (p.o.softcap > 0.0f) {
-        const float r = z / p.o.softcap;
-        dz *= 1.0f - r * r;
+    for (int k = 0; k < kUnits; ++k) {
+      const int64_t u = u0 + int64_t(k) * blockDim.x;
+      if (u >= units) break;
+      const typename U::Floats x = U::widen(raw[k]);
+      const int64_t rel = t - u * W;
+      const int hit = rel >= 0 && rel < W ? int(rel) : -1;  // the target's place in this unit
+      typename U::Floats d;
+      if (p.o.softcap > 0.0f) {  // uniform
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+          const float z = cap(x.v[j], p.o.softcap), r = z / p.o.softcap;
+          d.v[j] = fmaf(a, exp_shifted<T>(z, lse, lse2), hit == j ? b_hit : b) * (1.0f - r * r);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) d.v[j] = fmaf(a, exp_shifted<T>(x.v[j], lse, lse2), hit == j ? b_hit : b);
       }
-      d.v[j] = bad ? NAN : dz;
+      U::store(out + u * W, d);
     }
-    U::store(out, d);
   }
 }
 
@@ -369,6 +515,13 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
   char* ws = loss_bytes + part_bytes > 0 ? static_cast<char*>(cuda_workspace(ctx, loss_bytes + part_bytes)) : nullptr;
   float* per_row = red == Red::none ? loss.ptr<float>() : reinterpret_cast<float*>(ws);
   float* partials = splits > 1 ? reinterpret_cast<float*>(ws + loss_bytes) : nullptr;
+  RowReduce reduce;  // sum / mean of the per-row losses (out null: none)
+  if (red != Red::none) {
+    reduce.losses = per_row, reduce.rows = rows, reduce.labels = target.ptr<int64_t>();
+    reduce.labels_stride = stride0(target), reduce.ignore_index = o.ignore_index, reduce.divide = red == Red::mean;
+    reduce.out = loss.ptr<float>();
+  }
+  bool reduced = false;  // by the launch that wrote the rows' losses
   dispatch_float(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     ForwardArgs<T> p{};
@@ -378,6 +531,13 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     p.loss = per_row, p.loss_stride = red == Red::none ? stride0(loss) : 1;
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.o = o;
+    if constexpr (kVec) {
+      if (rows < props.sm_count &&
+          launch_forward_cluster(ctx, p, units, props.sm_count, cuda_grid_barrier(ctx), reduce)) {
+        reduced = true;
+        return;
+      }
+    }
     if (splits > 1) {
       // A plain launch: with Note [programmatic launch] this kernel measured 9.9 -> 10.5 us at 16 x
       // 128,256 on an H200 (docs/perf/gpu-h200-2026-11-27-round13.md).
@@ -385,6 +545,7 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
           p, splits, seg_units, partials, cuda_grid_barrier(ctx), red == Red::none ? 0 : red == Red::sum ? 1 : 2,
           loss.ptr<float>());
       check_launch("cross_entropy split kernel launch");
+      reduced = true;
       return;
     }
     int rt = 32;  // a warp per short row, up to 256 threads per long row; several rows per SM
@@ -396,12 +557,7 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     launch_programmatic(ctx, "cross_entropy kernel launch", forward_kernel<T, kVec>, dim3(unsigned(blocks)),
                         dim3(block), 0, p, rt);
   });
-  if (red != Red::none && splits == 1) {  // split rows reduce in their own launch
-    RowReduce r;
-    r.losses = per_row, r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
-    r.ignore_index = o.ignore_index, r.divide = red == Red::mean, r.out = loss.ptr<float>();
-    launch_row_reduce(ctx, r, "cross_entropy reduction launch");
-  }
+  if (red != Red::none && !reduced) launch_row_reduce(ctx, reduce, "cross_entropy reduction launch");
 }
 
 template <bool kVec>
@@ -433,13 +589,32 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
     p.count_in_block = count_in_block;
     p.o = o;
     const int64_t units = vocab / UnitOf<T, kVec>::width;
-    int bx = 1;
-    while (bx < units && bx < 256) bx *= 2;
-    const int by = 256 / bx;
-    const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
-    const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    launch_programmatic(ctx, "cross_entropy_backward kernel launch", backward_kernel<T, kVec>, grid,
-                        dim3(bx, by), 0, p);
+    // Note [backward units]: the most units a thread (4, 2 or 1) that still leave the launch
+    // 1.5 blocks an SM. H200, bf16, us at 1 / 2 / 4 units: 1,024 x 128,256 191.6 / 148.4 / 134.4
+    // (94% of copy), 8,192 x 128,256 1,506 / 1,150 / 1,033, 16 x 128,256 (256 blocks at 4)
+    // 4.26 / 3.91 / 3.77, 16 x 32,000 (250 blocks at 1) 2.28 / 2.35 / 2.91; 8 units a thread
+    // (95 registers) were slower than 4 everywhere (docs/perf/gpu-h200-2026-11-29-round27.md).
+    // OPFORGE_CUDA_CE_BWD_UNITS (1, 2, 4 or 8) fixes it (tuning).
+    static const int forced = env_choice("OPFORGE_CUDA_CE_BWD_UNITS", 1, 8);
+    auto launch = [&](auto kernel, int k) {
+      int bx = 1;
+      while (bx * k < units && bx < 256) bx *= 2;
+      const int by = 256 / bx;
+      const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
+      const dim3 grid(unsigned((units + int64_t(bx) * k - 1) / (int64_t(bx) * k)), unsigned(grid_y));
+      launch_programmatic(ctx, "cross_entropy_backward kernel launch", kernel, grid, dim3(bx, by), 0, p);
+    };
+    const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+    auto blocks_with = [&](int k) { return rows * ((units + 256 * k - 1) / (256 * k)); };
+    int k = forced;
+    if (k == 0) {
+      k = 4;
+      while (k > 1 && 2 * blocks_with(k) < 3 * int64_t(props.sm_count)) k /= 2;
+    }
+    if (k >= 8) launch(backward_kernel<T, kVec, 8>, 8);
+    else if (k >= 4) launch(backward_kernel<T, kVec, 4>, 4);
+    else if (k >= 2) launch(backward_kernel<T, kVec, 2>, 2);
+    else launch(backward_kernel<T, kVec, 1>, 1);
   });
 }
 
