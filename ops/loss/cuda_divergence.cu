@@ -17,7 +17,8 @@
 //    reduction] (ops/loss/loss_cuda.cuh). One launch in all.
 //    No atomics, no host synchronization, deterministic.
 //  - Element-wise forward (reduction none) and every backward: one streaming pass, no reduction:
-//    2-D blocks, x over the row's units, y over rows (grid-stride over rows beyond 65535 blocks).
+//    2-D blocks, x over the row's units, y over rows (grid-stride over rows beyond 65535 blocks),
+//    4 units a thread with their loads issued together where the launch stays large enough.
 //    The upstream gradient is either element-wise (dloss [N, V], none) or one scalar dloss[0]
 //    divided by the reduction's divisor; when that divisor counts kept rows (labels), a one-block
 //    launch first counts them into the workspace. Ignored rows get 0.
@@ -232,53 +233,75 @@ __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> 
   if (last_block_arrives(arrivals, gridDim.x)) reduce_rows_in_block<256>(r);
 }
 
-// Element-wise forward (none) or backward: x over units of a row, y over rows.
-template <class T, bool kVec, Pair K, bool kBackward>
+// Element-wise forward (none) or backward: x over units of a row, y over rows. A thread takes
+// kUnits units of a row (u0, u0 + bx, ...; bx = blockDim.x), every load of them issued before the
+// math, as cross_entropy_backward's Note [backward units] (ops/loss/cuda.cu): the row's label and
+// the scalar gradient are read once for all of them, and the launch has a quarter of the blocks.
+template <class T, bool kVec, Pair K, bool kBackward, int kUnits>
 __global__ void __launch_bounds__(256) pair_elements_kernel(PairArgs<T> p) {
   programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width;
+  constexpr bool kReadA = !kBackward || reads_a_in_backward<K>;
   const int64_t units = p.vocab / W;
-  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (u >= units) return;  // no barriers below
-  float g = 1.0f;          // the scalar upstream gradient of a reduced loss
+  const int64_t u0 = int64_t(blockIdx.x) * blockDim.x * kUnits + threadIdx.x;
+  if (u0 >= units) return;  // no barriers below
+  float g = 1.0f;           // the scalar upstream gradient of a reduced loss
   if (kBackward && p.dloss == nullptr) {
     const double divisor = p.kept_count ? double(*p.kept_count) * p.divisor : p.divisor;
     g = float(double(load_float(p.dloss_scalar, p.dloss_dtype, 0)) / divisor);
   }
   const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
   for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step) {
-    T* out = p.out + row * p.out_stride + u * W;
-    typename U::Floats d;
+    T* out = p.out + row * p.out_stride;
     if (!kept_row(p.labels, p.labels_stride, row, p.ignore_index)) {
+      typename U::Floats d;
 #pragma unroll
       for (int j = 0; j < W; ++j) d.v[j] = 0.0f;
-      U::store(out, d);
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k)
+        if (const int64_t u = u0 + int64_t(k) * blockDim.x; u < units) U::store(out + u * W, d);
       continue;
     }
-    const typename U::Floats y = U::widen(U::load(p.b + row * p.b_stride + u * W));
-    typename U::Floats x;
-    if (!kBackward || reads_a_in_backward<K>) {
-      x = U::widen(U::load(p.a + row * p.a_stride + u * W));
-    } else {
+    typename U::Raw rb[kUnits], ra[kReadA ? kUnits : 1], rg[kBackward ? kUnits : 1];
 #pragma unroll
-      for (int j = 0; j < W; ++j) x.v[j] = 0.0f;
+    for (int k = 0; k < kUnits; ++k) {
+      const int64_t u = u0 + int64_t(k) * blockDim.x;
+      if (u >= units) break;
+      rb[k] = U::load(p.b + row * p.b_stride + u * W);
+      if constexpr (kReadA) ra[k] = U::load(p.a + row * p.a_stride + u * W);
+      if constexpr (kBackward) {
+        if (p.dloss != nullptr) rg[k] = U::load(p.dloss + row * p.dloss_stride + u * W);
+      }
     }
-    if constexpr (kBackward) {
-      typename U::Floats ge;
-      if (p.dloss != nullptr) {
-        ge = U::widen(U::load(p.dloss + row * p.dloss_stride + u * W));
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int64_t u = u0 + int64_t(k) * blockDim.x;
+      if (u >= units) break;
+      const typename U::Floats y = U::widen(rb[k]);
+      typename U::Floats x, d;
+      if constexpr (kReadA) {
+        x = U::widen(ra[k]);
       } else {
 #pragma unroll
-        for (int j = 0; j < W; ++j) ge.v[j] = g;
+        for (int j = 0; j < W; ++j) x.v[j] = 0.0f;
       }
+      if constexpr (kBackward) {
+        typename U::Floats ge;
+        if (p.dloss != nullptr) {
+          ge = U::widen(rg[k]);
+        } else {
 #pragma unroll
-      for (int j = 0; j < W; ++j) d.v[j] = ge.v[j] * element_grad<T, K>(x.v[j], y.v[j], p.o);
-    } else {
+          for (int j = 0; j < W; ++j) ge.v[j] = g;
+        }
 #pragma unroll
-      for (int j = 0; j < W; ++j) d.v[j] = element_loss<T, K>(x.v[j], y.v[j], p.o);
+        for (int j = 0; j < W; ++j) d.v[j] = ge.v[j] * element_grad<T, K>(x.v[j], y.v[j], p.o);
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) d.v[j] = element_loss<T, K>(x.v[j], y.v[j], p.o);
+      }
+      U::store(out + u * W, d);
     }
-    U::store(out, d);
   }
 }
 
@@ -336,15 +359,34 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
     }
     const int64_t units = vocab / UnitOf<T, kVec>::width;
     if (rows == 0 || units == 0) return;
+    // 4 units a thread (16-byte packs) where that still leaves the launch 8 blocks an SM, except
+    // for tvd, whose element is one compare; else 1. H200, bf16, us at 1 / 4 units: jsd_backward
+    // 1,024 x 32,000 78.3 / 71.9, 256 x 128,256 77.9 / 71.7, but 16 x 128,256 (256 blocks) 6.08 /
+    // 8.50; kl_div_backward 34.3 / 33.4 and 34.2 / 33.5; tvd_backward already at the copy rate
+    // with 1 (46.6 / 47.3; docs/perf/gpu-h200-2026-11-29-round27.md). OPFORGE_CUDA_PAIR_UNITS=1
+    // or 4 fixes it (tuning).
+    static const int forced = env_choice("OPFORGE_CUDA_PAIR_UNITS", 1, 4);
+    const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
+    const bool four = kVec && (forced ? forced == 4
+                                      : c.kind != Pair::tvd && rows * ((units + 1023) / 1024) >= 8 * sms);
+    const int k = four ? 4 : 1;
     int bx = 1;
-    while (bx < units && bx < 256) bx *= 2;
+    while (bx * k < units && bx < 256) bx *= 2;
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
-    const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
+    const dim3 grid(unsigned((units + int64_t(bx) * k - 1) / (int64_t(bx) * k)), unsigned(grid_y));
     dispatch_pair(c.kind, [&](auto kind) {
       constexpr Pair K = decltype(kind)::value;
-      auto* kernel = backward ? pair_elements_kernel<T, kVec, K, true> : pair_elements_kernel<T, kVec, K, false>;
-      launch_programmatic(ctx, c.op, kernel, grid, dim3(bx, by), 0, p);
+      auto launch = [&](auto kernel) { launch_programmatic(ctx, c.op, kernel, grid, dim3(bx, by), 0, p); };
+      if constexpr (kVec) {
+        if (four) {
+          if (backward) launch(pair_elements_kernel<T, kVec, K, true, 4>);
+          else launch(pair_elements_kernel<T, kVec, K, false, 4>);
+          return;
+        }
+      }
+      if (backward) launch(pair_elements_kernel<T, kVec, K, true, 1>);
+      else launch(pair_elements_kernel<T, kVec, K, false, 1>);
     });
   });
 }
