@@ -22,11 +22,13 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/simd-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "ops/activation/functors-inl.h"
 #include "ops/norm/internal.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -43,18 +45,28 @@ HWY_INLINE VF sigmoid(VF a) {
   return hn::IfThenElse(hn::Lt(a, hn::Zero(d)), hn::Mul(e, r), r);
 }
 
+// The gate's sigmoid for a kernel whose outputs are T: f32 as above; bf16 / f16 with the
+// activations' reduced math (Note [output precision], ops/activation/functors-inl.h: a low-degree
+// base-2 exponential and the reciprocal estimate with one Newton step, relative error below 1e-4,
+// a twentieth of a bf16 half ulp), which is most of these kernels' arithmetic.
+template <class T> HWY_INLINE VF sigmoid_for(VF a) {
+  namespace act = opforge::activation_cpu::HWY_NAMESPACE;
+  if constexpr (std::is_same_v<T, float>) return sigmoid(a);
+  else return act::sigmoid<act::MathFor<T>>(a);
+}
+
 // act(z) and act'(z) of the gate.
 struct GateV {
   VF value, slope;
 };
-HWY_INLINE GateV gate(VF z, bool sigmoid_gate) {
-  const VF s = sigmoid(z), one = hn::Set(DF(), 1.0f);
+template <class T> HWY_INLINE GateV gate(VF z, bool sigmoid_gate) {
+  const VF s = sigmoid_for<T>(z), one = hn::Set(DF(), 1.0f);
   const VF one_minus_s = hn::Sub(one, s);
   if (sigmoid_gate) return {s, hn::Mul(s, one_minus_s)};
   return {hn::Mul(z, s), hn::Mul(s, hn::MulAdd(z, one_minus_s, one))};  // silu
 }
-HWY_INLINE VF gate_value(VF z, bool sigmoid_gate) {
-  const VF s = sigmoid(z);
+template <class T> HWY_INLINE VF gate_value(VF z, bool sigmoid_gate) {
+  const VF s = sigmoid_for<T>(z);
   return sigmoid_gate ? s : hn::Mul(z, s);
 }
 
@@ -75,7 +87,7 @@ void gated_forward_row(const GatedNormRows& a, const T* x, const T* z, const flo
     VF acc = hn::Zero(d);
     for_each_vector(a.group, [&](int64_t k, size_t count) {
       const int64_t i = start + k;
-      const VF xv = load_n(x + i, count), act = gate_value(load_n(z + i, count), a.sigmoid_gate);
+      const VF xv = load_n(x + i, count), act = gate_value<T>(load_n(z + i, count), a.sigmoid_gate);
       const VF u = a.norm_before_gate ? xv : hn::Mul(xv, act);
       acc = hn::MulAdd(u, u, acc);
       store_n(u, u_row + i, count);
@@ -122,7 +134,7 @@ HWY_INLINE GatedLanes gated_lanes(const GatedNormRows& a, const T* x, const T* z
                                   int64_t i, size_t count) {
   GatedLanes l;
   l.x = load_n(x + i, count);
-  l.g = gate(load_n(z + i, count), a.sigmoid_gate);
+  l.g = gate<T>(load_n(z + i, count), a.sigmoid_gate);
   l.dy = load_n(dy + i, count);
   l.u = a.norm_before_gate ? l.x : hn::Mul(l.x, l.g.value);
   l.dn = a.norm_before_gate ? hn::Mul(l.dy, l.g.value) : l.dy;
