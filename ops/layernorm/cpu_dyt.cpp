@@ -56,7 +56,8 @@ template <class T> HWY_INLINE VF tanh_for(VF u) {
     return hn::Tanh(DF(), u);
   } else {
     using M = act::MathFor<T>;
-    const VF m = M::expm1(hn::Add(act::neg_abs(u), act::neg_abs(u)));
+    const VF na = act::neg_abs(u);
+    const VF m = M::expm1(hn::Add(na, na));
     return hn::CopySign(hn::Mul(hn::Neg(m), M::recip(hn::Add(act::splat(2.0f), m))), u);
   }
 }

@@ -597,12 +597,8 @@ void backward(const Context& ctx, const TensorView& dlogits, const TensorView& d
     // OPFORGE_CUDA_CE_BWD_UNITS (1, 2, 4 or 8) fixes it (tuning).
     static const int forced = env_choice("OPFORGE_CUDA_CE_BWD_UNITS", 1, 8);
     auto launch = [&](auto kernel, int k) {
-      int bx = 1;
-      while (bx * k < units && bx < 256) bx *= 2;
-      const int by = 256 / bx;
-      const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
-      const dim3 grid(unsigned((units + int64_t(bx) * k - 1) / (int64_t(bx) * k)), unsigned(grid_y));
-      launch_programmatic(ctx, "cross_entropy_backward kernel launch", kernel, grid, dim3(bx, by), 0, p);
+      const ElementLaunch shape = element_launch(units, rows, k);
+      launch_programmatic(ctx, "cross_entropy_backward kernel launch", kernel, shape.grid, shape.block, 0, p);
     };
     const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
     auto blocks_with = [&](int k) { return rows * ((units + 256 * k - 1) / (256 * k)); };

@@ -369,15 +369,10 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
     const int64_t sms = cuda_device_props(ctx.device.index).sm_count;
     const bool four = kVec && (forced ? forced == 4
                                       : c.kind != Pair::tvd && rows * ((units + 1023) / 1024) >= 8 * sms);
-    const int k = four ? 4 : 1;
-    int bx = 1;
-    while (bx * k < units && bx < 256) bx *= 2;
-    const int by = 256 / bx;
-    const int64_t grid_y = std::min<int64_t>((rows + by - 1) / by, 65535);
-    const dim3 grid(unsigned((units + int64_t(bx) * k - 1) / (int64_t(bx) * k)), unsigned(grid_y));
+    const ElementLaunch shape = element_launch(units, rows, four ? 4 : 1);
     dispatch_pair(c.kind, [&](auto kind) {
       constexpr Pair K = decltype(kind)::value;
-      auto launch = [&](auto kernel) { launch_programmatic(ctx, c.op, kernel, grid, dim3(bx, by), 0, p); };
+      auto launch = [&](auto kernel) { launch_programmatic(ctx, c.op, kernel, shape.grid, shape.block, 0, p); };
       if constexpr (kVec) {
         if (four) {
           if (backward) launch(pair_elements_kernel<T, kVec, K, true, 4>);

@@ -28,6 +28,23 @@ inline int64_t stride0(const TensorView& t) { return t.size(0) > 1 ? t.stride(0)
 // Row stride of a Note [row layout] tensor, 0 when it has at most one row.
 inline int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
 
+// The launch shape of a streaming element kernel of the family (cross_entropy_backward, the
+// divergences' element-wise kernel; Note [backward units] in ops/loss/cuda.cu): 256-thread 2-D
+// blocks, x over a row's units with `per_thread` units a thread (block x the least power of two
+// that covers the row, at most 256), y over rows, grid y capped at 65,535 (the kernels stride
+// over the rows beyond).
+struct ElementLaunch {
+  dim3 grid, block;
+};
+inline ElementLaunch element_launch(int64_t units, int64_t rows, int per_thread) {
+  int bx = 1;
+  while (int64_t(bx) * per_thread < units && bx < 256) bx *= 2;
+  const int by = 256 / bx;
+  const int64_t per_block = int64_t(bx) * per_thread;
+  const int64_t grid_y = (rows + by - 1) / by < 65535 ? (rows + by - 1) / by : 65535;
+  return {dim3(unsigned((units + per_block - 1) / per_block), unsigned(grid_y)), dim3(unsigned(bx), unsigned(by))};
+}
+
 // Note [loss row reduction]: one block of 1024 threads turns `rows` per-row losses (f32, dense;
 // `losses_per_row` consecutive partial sums per row) into one value. The rows x losses_per_row
 // partials are one flat array: thread t adds entries t, t + kThreads, ... in f64 (eight loads
