@@ -96,5 +96,34 @@ TEST(ClusterPlan, SoftmaxFewRows) {
       }
 }
 
+TEST(ClusterPlan, ManyRows) {
+  using cuda::softmax::many_row_plan;
+  constexpr int kSms = 132;
+  auto expect = [](cuda::softmax::FewRowPlan p, int units, int ranks) {
+    EXPECT_EQ(p.units_per_thread, units);
+    EXPECT_EQ(p.ranks, ranks);
+  };
+  // bf16 32,000 (4,000 units): 4 CTAs of 4 units; 128,256 (16,032): 8 CTAs of 8 units; f32 32,000
+  // (8,000 units): 8 CTAs of 4 units.
+  expect(many_row_plan(1024, 4000, kSms, 1024), 4, 4);
+  expect(many_row_plan(256, 16032, kSms, 1024), 8, 8);
+  expect(many_row_plan(1024, 8000, kSms, 1024), 4, 8);
+  expect(many_row_plan(140, 1125, kSms, 1024), 4, 2);
+  expect(many_row_plan(1024, 4000, kSms, 1024, false), 8, 2);  // OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8
+  // Not taken: fewer rows than SMs, a row the row kernel holds, a row longer than 8 CTAs of 8 units.
+  expect(many_row_plan(131, 4000, kSms, 1024), 0, 0);
+  expect(many_row_plan(1024, 1024, kSms, 1024), 0, 0);
+  expect(many_row_plan(1024, 16385, kSms, 1024), 0, 0);
+  for (int64_t rows : {int64_t(132), int64_t(1000), int64_t(1) << 20})
+    for (int64_t units = 1; units < 20000; units += 37) {
+      const cuda::softmax::FewRowPlan p = many_row_plan(rows, units, kSms, 1024);
+      if (p.ranks == 0) continue;
+      EXPECT_GT(units, 1024);
+      EXPECT_LE(p.ranks, 8);
+      EXPECT_GE(int64_t(p.ranks) * 256 * p.units_per_thread, units);        // holds the row
+      EXPECT_LT(int64_t(p.ranks) / 2 * 256 * p.units_per_thread, units);    // on the fewest CTAs
+    }
+}
+
 }  // namespace
 }  // namespace opforge

@@ -82,6 +82,9 @@ std::vector<Case> family_cases(const Spec& spec) {
   add("3x4097_all_pad3", CaseGroup::edge, {3, 4097}, {3, 3, false});
   add("7x33_in_place", CaseGroup::edge, {7, 33}, {0, 0, true});
   add("4x5000_in_place_pad8", CaseGroup::edge, {4, 5000}, {8, 0, true});
+  // More rows than a GPU's SMs, each longer than its row kernel holds in registers: a cluster a
+  // row (Note [many-row cluster]), in place, with padded rows.
+  add("140x9000_in_place_pad8", CaseGroup::edge, {140, 9000}, {8, 0, true});
   return cases;
 }
 

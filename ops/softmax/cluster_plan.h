@@ -38,4 +38,22 @@ inline FewRowPlan few_row_plan(int64_t rows, int64_t units, int sms, bool four_u
   return {};
 }
 
+// Note [many-row cluster]: with at least as many rows as SMs, a row is one cluster only where it
+// is longer than the row kernel keeps in registers (more than `cached_units` units): on the
+// fewest CTAs that hold it, 4 units a thread where up to 8 CTAs do and `four_units`, else 8 units
+// on up to 8 CTAs; {0, 0} otherwise (a row that fits the row kernel's registers, or one longer
+// than 8 CTAs of 8 units hold). The row is then read from memory once, every load of a thread
+// issued at once, where the row kernel streamed what its registers missed and read it again for
+// the output. H200, bf16, same binary with OPFORGE_CUDA_MANY_ROW_CLUSTERS=0 against the plan, us:
+// softmax_backward 1,024 x 32,000 77.3 -> 48.2 (61% -> 98% of copy), 256 x 128,256 100.9 -> 52.2
+// (47% -> 90%); log_softmax_backward 79.1 -> 48.8 and 105.6 -> 55.8; softmax 58.2 -> 42.0
+// and 89.4 -> 49.9; log_softmax 52.9 -> 42.7 and 84.4 -> 50.4 (docs/perf/gpu-h200-2026-11-30-round28.md).
+// cross_entropy's forward does not take it (ops/loss/cuda.cu: 2x slower than its row kernel there).
+inline FewRowPlan many_row_plan(int64_t rows, int64_t units, int sms, int64_t cached_units, bool four_units = true) {
+  if (rows < sms || units <= cached_units) return {};
+  if (const int ranks = four_units ? cluster_ranks(rows, units, sms, 4, 8) : 0) return {4, ranks};
+  if (const int ranks = cluster_ranks(rows, units, sms, 8, 8)) return {8, ranks};
+  return {};
+}
+
 }  // namespace opforge::cuda::softmax

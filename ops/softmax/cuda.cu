@@ -18,7 +18,8 @@
 //    kCache of its units in registers; rows longer than kCache x row threads units read the rest
 //    again in the output pass (an L2 hit for the rows in flight).
 //  - Few rows (fewer than SMs): Note [few-row softmax cluster], else Note [split softmax rows],
-//    below.
+//    below. Many rows longer than kCache x 256 units (16-byte packs): the same cluster kernel, a
+//    row on up to 8 CTAs (Note [many-row cluster], ops/softmax/cluster_plan.h).
 //  - cuda_vec16 (priority 200) moves 16-byte packs (8 bf16/f16 or 4 f32): needs 16-byte aligned
 //    bases, row lengths and strides multiples of the pack (the predicate says which fails);
 //    cuda (priority 100) walks single elements and accepts any layout the check accepts.
@@ -405,14 +406,23 @@ bool launch_cluster_units(const Context& ctx, const Args<T>& p, int64_t units, i
   return true;
 }
 
-// Note [few-row softmax cluster]'s plan (few_row_plan, ops/softmax/cluster_plan.h); false when it
-// does not take the call. OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8 always takes 8 units a thread on up
+// Note [few-row softmax cluster]'s plan (few_row_plan, ops/softmax/cluster_plan.h), or Note
+// [many-row cluster]'s for rows longer than the row kernel holds; false when neither takes the call. OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8 always takes 8 units a thread on up
 // to 8 CTAs (tuning).
 template <class T, bool kVec, Kind kKind>
 bool launch_few_rows(const Context& ctx, const Args<T>& p, int64_t units, const CudaDeviceProps& props) {
   if (!cluster_rows_enabled()) return false;
   static const bool eight_only = env_choice("OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS", 8, 8) == 8;
-  FewRowPlan plan = few_row_plan(p.rows, units, props.sm_count, kVec && !eight_only);
+  // Note [many-row cluster] past the rows the row kernel holds in registers (kCache units a thread,
+  // up to 256 threads a row), with 8 units a thread for the forward kinds: bf16 1,024 x 32,000 on
+  // an H200, 4 against 8 units a thread (8 or 2 CTAs a row), two repetitions: softmax 48.7 / 48.6
+  // -> 42.0 / 42.3 us, log_softmax 49.4 / 49.5 -> 42.7 / 42.7, the backward ops within 1%
+  // (docs/perf/gpu-h200-2026-11-30-round28.md).
+  constexpr int64_t kRowKernelUnits = int64_t(kCache) * 256;
+  FewRowPlan plan;
+  if (p.rows < props.sm_count) plan = few_row_plan(p.rows, units, props.sm_count, kVec && !eight_only);
+  else if (kVec && many_row_clusters_enabled())
+    plan = many_row_plan(p.rows, units, props.sm_count, kRowKernelUnits, is_backward(kKind) && !eight_only);
   if constexpr (kVec) {
     if (plan.units_per_thread == 4) {
       if (launch_cluster_units<T, kVec, kKind, 4>(ctx, p, units, plan.ranks)) return true;

@@ -335,6 +335,11 @@ bool cuda::cluster_rows_enabled() {
   return enabled;
 }
 
+bool cuda::many_row_clusters_enabled() {
+  static const bool enabled = !env_off("OPFORGE_CUDA_MANY_ROW_CLUSTERS");
+  return enabled;
+}
+
 bool cuda::cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem) {
   if (cuda_device_props(device_index).cc_major < 9) return false;
   static std::mutex mu;

@@ -197,6 +197,9 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
 // against the paths they replace.
 bool cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem);
 bool cluster_rows_enabled();
+// Note [many-row cluster] (ops/softmax/cluster_plan.h) also needs many_row_clusters_enabled():
+// false when the environment sets OPFORGE_CUDA_MANY_ROW_CLUSTERS=0 (read once).
+bool many_row_clusters_enabled();
 
 template <class... Params, class... Args>
 void launch_cluster(const Context& ctx, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block,
