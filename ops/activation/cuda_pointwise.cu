@@ -114,7 +114,52 @@ __device__ __forceinline__ void unit(const Args<T>& p, const F& f, int64_t row, 
   }
 }
 
-template <class T, class F, Layout L, bool kVec, bool kBackward>
+// Note [two rows a thread]: the pointwise 16-byte kernel may take the same column unit of two rows
+// (row and row + the grid's row step) a step, both rows' loads issued before any math, so a
+// thread keeps twice the bytes in flight while the arithmetic of heavier functors (xielu, the
+// GELUs) runs. Each thread still reads all its inputs before writing, at the same columns, so the
+// in-place forms stay safe. H200, bf16, 1 against 2 rows a thread in one call, two repetitions
+// (docs/perf/gpu-h200-2026-11-30-round28.md), 1,024 / 16,384 x 14,336: xielu 18.4 / 266.1 ->
+// 17.8 / 255.1 us, quick_gelu 15.4 / 225.2 -> 14.6 / 221.3, relu2 14.8 / 220.3 -> 14.3 / 223.2;
+// slower for gelu_new / gelu_fast (16.1 / 235.2 -> 17.5 / 254.0), the backwards and 16 rows (1.2 ->
+// 1.4-1.6 us). So xielu, quick_gelu and relu2 opt in for their forward (kTwoRows) from 256 rows.
+template <class T, class F, bool kBackward>
+__device__ __forceinline__ void pointwise_two_rows(const Args<T>& p, const F& f, int64_t row, int64_t step,
+                                                   int64_t col) {
+  constexpr int N = Pack<T>::n;
+  const int64_t rows[2] = {row, row + step};
+  const bool has[2] = {true, row + step < p.rows};
+  Pack<T> xp[2], gp[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (!has[k]) continue;
+    xp[k] = load_pack(p.x + rows[k] * p.x_stride + col);
+    if constexpr (kBackward) gp[k] = load_pack(p.grad + rows[k] * p.grad_stride + col);
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (!has[k]) continue;
+    Pack<T> o;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if constexpr (kBackward) {
+        float v, slope;
+        f.value_slope(to_f32(xp[k].v[j]), v, slope);
+        o.v[j] = from_f32<T>(to_f32(gp[k].v[j]) * slope);
+      } else {
+        o.v[j] = from_f32<T>(f.value(to_f32(xp[k].v[j])));
+      }
+    }
+    store_pack(p.out + rows[k] * p.out_stride + col, o);
+  }
+}
+
+template <class F> constexpr bool opts_in_two_rows() {
+  if constexpr (requires { F::kTwoRows; }) return F::kTwoRows;
+  else return false;
+}
+
+template <class T, class F, Layout L, bool kVec, bool kBackward, int kRows>
 __global__ void __launch_bounds__(256) pointwise_kernel(Args<T> p, F f) {
   programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
@@ -124,8 +169,13 @@ __global__ void __launch_bounds__(256) pointwise_kernel(Args<T> p, F f) {
   const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
   F g = f;  // the sigmoid functors take the intrinsics for 16-bit data (Note [activation math, cuda])
   if constexpr (requires { g.fast; }) g.fast = sizeof(T) == 2;
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step)
-    unit<T, F, L, kVec, kBackward>(p, g, row, u * width);
+  if constexpr (kRows == 2) {
+    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += 2 * row_step)
+      pointwise_two_rows<T, F, kBackward>(p, g, row, row_step, u * width);
+  } else {
+    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step)
+      unit<T, F, L, kVec, kBackward>(p, g, row, u * width);
+  }
 }
 
 int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
@@ -148,9 +198,21 @@ void run(const Context& ctx, const char* op, const F& f, const TensorView& out,
     int bx = 1;
     while (bx < units && bx < 256) bx *= 2;
     const int by = 256 / bx;
+    // Note [two rows a thread]: the forwards whose functor opts in (kTwoRows), from 256 rows on;
+    // OPFORGE_CUDA_POINTWISE_ROWS=1 / 2 makes every pointwise kernel take 1 / 2 rows (tuning).
+    static const int forced = env_choice("OPFORGE_CUDA_POINTWISE_ROWS", 1, 2);
+    if constexpr (kVec && L == Layout::pointwise) {
+      const bool two_rows = forced ? forced == 2 : !kBackward && opts_in_two_rows<F>() && p.rows >= 256;
+      if (two_rows && p.rows >= 2 * by) {
+        const int64_t grid_y = std::min<int64_t>((p.rows + 2 * by - 1) / (2 * by), 65535);
+        const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
+        launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward, 2>, grid, dim3(bx, by), 0, p, f);
+        return;
+      }
+    }
     const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward>, grid, dim3(bx, by), 0, p, f);
+    launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward, 1>, grid, dim3(bx, by), 0, p, f);
   });
 }
 
@@ -203,6 +265,7 @@ struct GeluFastF : act::GeluTanh {
   GeluFastF() { c = 0.7978845608f; }  // FastGELU's literal
 };
 struct QuickGeluF : act::ScaledSilu {
+  static constexpr bool kTwoRows = true;  // Note [two rows a thread]
   QuickGeluF() { alpha = 1.702f; }
 };
 

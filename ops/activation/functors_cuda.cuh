@@ -80,6 +80,7 @@ struct GeluTanh {
 
 // max(a, 0)^2; a NaN a stays NaN (std::max(a, 0) returns a).
 struct Relu2 {
+  static constexpr bool kTwoRows = true;  // the pointwise kernel's Note [two rows a thread]
   __device__ __forceinline__ static float relu(float a) { return a < 0.0f ? 0.0f : a; }
   __device__ __forceinline__ float value(float a) const {
     const float r = relu(a);
@@ -102,9 +103,11 @@ struct Relu2 {
 // of at least 0.1). Both forms and both signs of a are computed and selected, with no branch: with
 // random signs a warp ran every path of the branching form one after another. The accurate
 // expm1f (range reduction and a polynomial, about 30 instructions) with those branches made the
-// bf16 forward bound by the arithmetic (H200: 16,384 x 14,336 at 54% of the copy bandwidth).
-// The slope keeps expf.
+// bf16 forward bound by the arithmetic. H200, bf16, 16,384 / 1,024 x 14,336: 411.7 / 27.8 us (54% /
+// 50% of the copy bandwidth) -> 264.3 / 18.2 (85% / 77%), 255 / 17.8 with two rows a thread
+// (docs/perf/gpu-h200-2026-11-30-round28.md). The slope keeps expf.
 struct Xielu {
+  static constexpr bool kTwoRows = true;  // the pointwise kernel's Note [two rows a thread]
   float alpha_p = 0.8f, alpha_n = 0.8f, beta = 0.5f, eps = -1e-6f;
   bool fast = false;
   __device__ __forceinline__ static float expm1_minus_x(float m) {
