@@ -26,7 +26,8 @@
 //      zeros, any other the f32 sum of its run's dy rows in sorted order. The ideal traffic is one
 //      write of dw and one read of the dy rows; zeroing dw first and then rewriting the rows with
 //      tokens, one 2-byte store at a time, took 231 us for a 32,000 x 4,096 bf16 table on an H200
-//      (27% of the copy bandwidth) even for one token.
+//      (27% of the copy bandwidth) even for one token; now 77-103 us (two machines,
+//      docs/perf/gpu-h200-2026-11-30-round28.md).
 //   16-byte packs when the vec16 predicate holds, else single elements. Out-of-range ids are
 //   skipped (their key, vocab, is no row). Scratch (keys, values, tables, CUB's temporary storage)
 //   is the backend's per-stream workspace (Note [cuda workspace]): allocated on the first call of a
