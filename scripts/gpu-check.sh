@@ -5,7 +5,7 @@
 #   3. the CUDA kernel tests (tests/cuda_kernels_test.cpp) and their timing table,
 #   4. `opforge check --backend cuda` (test and grad modes) and `opforge bench --backend cuda`,
 #   5. compute-sanitizer memcheck and racecheck over the CUDA kernel tests and over the harness's
-#      CUDA test run (small cases: the sanitizers slow kernels down a hundredfold),
+#      CUDA test and grad runs (small and edge cases: the sanitizers slow kernels down a hundredfold),
 #   6. the rest of the test binary,
 #   7. scripts/compare-torch-gpu.py: opforge vs torch eager and torch.compile on the same card
 #      (rms_norm, fused_add_rms_norm, silu_and_mul, bf16, 16 / 1024 / 16384 tokens), and
@@ -348,8 +348,9 @@ if [[ $built -eq 1 ]]; then
     for tool in memcheck racecheck; do
       exclude=()
       [[ $tool == racecheck ]] && exclude=(--kernel-name-exclude kns=cudnn_generated)
-      run_step "${tool}_harness" "$OUT/sanitizer.log" 300 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        --report-api-errors no "${exclude[@]}" "$BIN" check --backend cuda --mode test --group small
+      # test and grad modes (a backward op runs in grad mode only) over the small and edge cases.
+      run_step "${tool}_harness" "$OUT/sanitizer.log" 420 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        --report-api-errors no "${exclude[@]}" "$BIN" check --backend cuda --mode all --group small --group edge
       note_last "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
     done
   else
