@@ -407,15 +407,15 @@ bool launch_cluster_units(const Context& ctx, const Args<T>& p, int64_t units, i
 }
 
 // Note [few-row softmax cluster]'s plan (few_row_plan, ops/softmax/cluster_plan.h), or Note
-// [many-row cluster]'s for rows longer than the row kernel holds; false when neither takes the call. OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8 always takes 8 units a thread on up
-// to 8 CTAs (tuning).
+// [many-row cluster]'s for rows longer than the row kernel holds; false when neither takes the
+// call. OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8 always takes 8 units a thread on up to 8 CTAs (tuning).
 template <class T, bool kVec, Kind kKind>
 bool launch_few_rows(const Context& ctx, const Args<T>& p, int64_t units, const CudaDeviceProps& props) {
   if (!cluster_rows_enabled()) return false;
   static const bool eight_only = env_choice("OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS", 8, 8) == 8;
   // Note [many-row cluster] past the rows the row kernel holds in registers (kCache units a thread,
   // up to 256 threads a row), with 8 units a thread for the forward kinds: bf16 1,024 x 32,000 on
-  // an H200, 4 against 8 units a thread (8 or 2 CTAs a row), two repetitions: softmax 48.7 / 48.6
+  // an H200, 4 against 8 units a thread (4 or 2 CTAs a row), two repetitions: softmax 48.7 / 48.6
   // -> 42.0 / 42.3 us, log_softmax 49.4 / 49.5 -> 42.7 / 42.7, the backward ops within 1%
   // (docs/perf/gpu-h200-2026-11-30-round28.md).
   constexpr int64_t kRowKernelUnits = int64_t(kCache) * 256;
