@@ -145,6 +145,14 @@ __device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row
   return loss;
 }
 
+// Note [row threads]: the row kernel gives a row the fewest threads (a power of two, 32 to 256)
+// that leave each at most kRowUnits units. 32 rather than 8 halves the blocks where rows are
+// 2,049-8,192 units long: H200, bf16, 1,024 x 32,000 (4,000 packs) 128 threads a row, two rows a
+// block, 512 blocks, about one wave at four blocks an SM: 22.2 us against 24.2 with 256 threads
+// (1,024 blocks, two waves), 25.7 with 64 (docs/perf/gpu-h200-2026-11-30-round29.md); 1,024 and
+// 8,192 x 128,256 take 256 threads either way. OPFORGE_CUDA_CE_ROW_UNITS overrides it (tuning).
+constexpr int64_t kRowUnits = 32;
+
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) {
   programmatic_prologue();  // Note [programmatic launch]
@@ -552,7 +560,8 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
       return;
     }
     int rt = 32;  // a warp per short row, up to 256 threads per long row; several rows per SM
-    while (rt < 256 && int64_t(rt) * 8 < units) rt *= 2;
+    static const int row_units = env_choice("OPFORGE_CUDA_CE_ROW_UNITS", 1, 256);  // Note [row threads]
+    while (rt < 256 && int64_t(rt) * (row_units ? row_units : kRowUnits) < units) rt *= 2;
     const int block = 256;
     const int64_t rows_per_block = block / rt;
     const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;

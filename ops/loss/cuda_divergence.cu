@@ -389,29 +389,57 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
   });
 }
 
-// Segments per row of the reduced forward (Note [segment size]): enough (row, segment) pairs for
-// kSegmentsPerSm per SM (kSegmentsPerSmFewRows with fewer rows than SMs), each segment at least
-// kMinSegmentUnits units.
+// Segments per row of the reduced forward (Note [segment size]): with fewer rows than SMs,
+// enough (row, segment) pairs for kSegmentsPerSmFewRows per SM; from sm_count rows on, the
+// unrolled kernel (`resident`: its blocks resident at once on the device, else 0) takes the most
+// segments a row that still fit one wave of it, the element-wise pair_rows_kernel
+// kSegmentsPerSmLight (tvd) or kSegmentsPerSm (jsd, kl_div: the accurate exp / log) per SM. Each
+// segment has at least kMinSegmentUnits units.
 // Note [segment size]: 16 rows of a 128k vocab would otherwise be 16 blocks. With few rows the
 // kernel is latency-bound: its time is the few dependent load rounds of each thread plus the last
 // block's sum, so segments are many and short; with many rows the segments' extra sums cost more
 // than they spread. H200, bf16, 2026-11-29, every setting in one call (us): 16 per SM with a
 // 64-unit floor against the earlier 8 per SM with a 1024-unit floor gave kl_div 16 x 32,000 6.03
 // -> 4.52, 16 x 128,256 6.2 -> 5.80; tvd 4.11 -> 3.55 and 4.66 -> 4.50; jsd 8.69 -> 5.77 and 8.58
-// -> 7.62; but 16 per SM at 1,024 x 32,000 (3 segments a row instead of 2) lost (kl_div 43.9 ->
-// 49.3, tvd 36.5 -> 38.2, jsd 61.8 -> 67.9), hence 8 from sm_count rows on. 32 per SM lost at
-// 16 x 128,256 (kl_div 6.22, tvd 5.52): docs/perf/gpu-h200-2026-11-29-round26.md.
-// Tuning runs override the constants with OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256, any rows)
-// and OPFORGE_CUDA_LOSS_MIN_SEGMENT (16..4096).
+// -> 7.62; 32 per SM lost at 16 x 128,256 (kl_div 6.22, tvd 5.52): docs/perf/
+// gpu-h200-2026-11-29-round26.md. With many rows a second, partial wave of blocks is what costs
+// (2026-11-30, docs/perf/gpu-h200-2026-11-30-round29.md; the unrolled kernel holds 4 blocks an SM,
+// 528 on an H200): at 1,024 x 32,000 one segment a row (1,024 blocks) against two took kl_div 44.1
+// -> 40.4 us, jsd 62.1 -> 58.6; at 256 x 128,256 two segments (512 blocks, one wave) against three
+// or five: kl_div 46.6-47.0 -> 39.2, jsd 63.8-64.5 -> 56.9-57.1. tvd's pair_rows_kernel: 4 per SM
+// (256 x 128,256: 33.7 us) against 8 (36.3) and 2 (43.7); jsd / kl_div's: 8 per SM (68.2 / 45.4)
+// against 4 (86.8 / 55.8). Tuning runs override the constants with
+// OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256, any rows, any kernel) and OPFORGE_CUDA_LOSS_MIN_SEGMENT
+// (16..4096).
 constexpr int64_t kSegmentsPerSm = 8;
+constexpr int64_t kSegmentsPerSmLight = 4;
 constexpr int64_t kSegmentsPerSmFewRows = 16;
 constexpr int64_t kMinSegmentUnits = 64;
-int64_t splits_for(int64_t rows, int64_t units, int sm_count) {
+int64_t splits_for(int64_t rows, int64_t units, int sm_count, int64_t resident, bool light) {
   static const int per_sm = env_choice("OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM", 1, 256);
   static const int min_units = env_choice("OPFORGE_CUDA_LOSS_MIN_SEGMENT", 16, 4096);
-  const int64_t per = per_sm ? per_sm : rows < sm_count ? kSegmentsPerSmFewRows : kSegmentsPerSm;
-  const int64_t wanted = (int64_t(sm_count) * per + rows - 1) / std::max<int64_t>(rows, 1);
+  rows = std::max<int64_t>(rows, 1);
+  int64_t wanted;
+  if (!per_sm && rows >= sm_count && resident > 0) {
+    wanted = resident / rows;  // one wave
+  } else {
+    const int64_t per = per_sm                ? per_sm
+                        : rows < sm_count     ? kSegmentsPerSmFewRows
+                        : light               ? kSegmentsPerSmLight
+                                              : kSegmentsPerSm;
+    wanted = (int64_t(sm_count) * per + rows - 1) / rows;
+  }
   return std::max<int64_t>(1, std::min(wanted, units / (min_units ? min_units : kMinSegmentUnits)));
+}
+
+// Blocks of pair_rows_unrolled_kernel<T, K> resident at once on the device (Note [segment size]).
+template <class T, Pair K> int64_t unrolled_resident(const CudaDeviceProps& props) {
+  static const int fit = [] {
+    int n = 0;
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pair_rows_unrolled_kernel<T, K>, 256, 0));
+    return n;
+  }();
+  return int64_t(fit) * props.sm_count;
 }
 
 // kFast: the reduced forward runs pair_rows_unrolled_kernel (vec16 only; Note [unrolled pair
@@ -428,7 +456,11 @@ void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
   int64_t splits = 1;
   dispatch_float(c.b->dtype, c.op, [&](auto tag) {
-    splits = splits_for(rows, vocab / UnitOf<decltype(tag), kVec>::width, props.sm_count);
+    using T = decltype(tag);
+    int64_t resident = 0;
+    if constexpr (kFast)
+      dispatch_pair(c.kind, [&](auto kind) { resident = unrolled_resident<T, decltype(kind)::value>(props); });
+    splits = splits_for(rows, vocab / UnitOf<T, kVec>::width, props.sm_count, resident, c.kind == Pair::tvd);
   });
   const int64_t segments = rows * splits;
   float* sums = static_cast<float*>(cuda_workspace(ctx, std::max<int64_t>(segments, 1) * int64_t(sizeof(float))));
