@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/convert.h"
 #include "backends/cpu/cpu_info.h"
 #include "opforge/error.h"
 #include "opforge/registry.h"
@@ -235,7 +236,7 @@ TEST(LossReference, DivergenceHandValues) {
 
 // ---- cpu kernels ---------------------------------------------------------------------------------
 // Rows whose first blocks are all -inf (masked vocabulary) give the reference's values, not NaN.
-TEST(SoftmaxCpu, MaskedPrefixMatchesReference) {
+void masked_prefix_matches_reference() {
   const int64_t n = 9000;
   Tensor x = random({2, n}, DType::f32, 13);
   for (int64_t i = 0; i < 6000; ++i) store_from_double(x.data(), DType::f32, i, -INFINITY);
@@ -260,6 +261,46 @@ TEST(SoftmaxCpu, MaskedPrefixMatchesReference) {
   EXPECT_NEAR(value(loss, 1), value(loss_ref, 1), 1e-5);
   cross_entropy_cpu(kCtx, loss, lse, logits, ids({100, 100}), -100, 0, 0, 0, "none");
   EXPECT_TRUE(std::isinf(value(loss, 0)));  // the target is masked: an infinite loss
+}
+
+// Values from the row's max down past exp's normal range (x - max in [-110, 0], exact 0 and -inf
+// among them): every probability to 1e-5 relative (an absolute 1e-37 below the normal range,
+// where the kernels' exp flushes to 0), log-probabilities and lse to 1e-5.
+void exp_range_matches_reference() {
+  const int64_t n = 4001;
+  std::vector<double> row(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) row[size_t(i)] = -110.0 * double(i) / double(n - 1) + 3.0;
+  row[17] = 3.0, row[400] = -INFINITY, row[3000] = 3.0 - 87.5, row[3001] = 3.0 - 88.0;
+  Tensor x = filled({1, n}, DType::f32, row);
+  Tensor got = Tensor::zeros({1, n}, DType::f32), want = Tensor::zeros({1, n}, DType::f32);
+  softmax_cpu(kCtx, got, x);
+  softmax_reference(kCtx, want, x);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(value(got, i), value(want, i), 1e-5 * value(want, i) + 1e-37) << "softmax element " << i;
+  log_softmax_cpu(kCtx, got, x);
+  log_softmax_reference(kCtx, want, x);
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isinf(value(want, i))) EXPECT_EQ(value(got, i), value(want, i)) << i;
+    else EXPECT_NEAR(value(got, i), value(want, i), 1e-5 * (1 + std::fabs(value(want, i)))) << "log_softmax " << i;
+  }
+  Tensor lse = Tensor::zeros({1}, DType::f32), loss = Tensor::zeros({1}, DType::f32);
+  Tensor lse_ref = Tensor::zeros({1}, DType::f32), loss_ref = Tensor::zeros({1}, DType::f32);
+  cross_entropy_cpu(kCtx, loss, lse, x, ids({2000}), -100, 0, 0, 0, "none");
+  cross_entropy_reference(kCtx, loss_ref, lse_ref, x, ids({2000}), -100, 0, 0, 0, "none");
+  EXPECT_NEAR(value(lse, 0), value(lse_ref, 0), 1e-5);
+  EXPECT_NEAR(value(loss, 0), value(loss_ref, 0), 1e-5 * (1 + std::fabs(value(loss_ref, 0))));
+}
+
+// The kernels on every SIMD target this machine runs (the dispatch is restricted in turn): the
+// exp takes another path on AVX-512 than on the narrower targets.
+TEST(SoftmaxCpu, MatchesReferenceOnEveryTarget) {
+  for (const cpu::SimdTarget& target : cpu::simd_targets()) {
+    SCOPED_TRACE(target.name);
+    cpu::restrict_simd_target_for_testing(target.bit);
+    masked_prefix_matches_reference();
+    exp_range_matches_reference();
+  }
+  cpu::restrict_simd_target_for_testing(0);
 }
 
 // Reductions are in row order: the same bits with one thread and with all of them.
