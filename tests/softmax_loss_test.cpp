@@ -291,14 +291,50 @@ void exp_range_matches_reference() {
   EXPECT_NEAR(value(loss, 0), value(loss_ref, 0), 1e-5 * (1 + std::fabs(value(loss_ref, 0))));
 }
 
+// kl_div's and jsd's logs over the f32 range (the log takes hn::Log's path for a vector with a
+// lane outside the normal range): y_true from 0 and subnormals up to 1e30, with a subnormal and
+// a normal eps; jsd's log-probabilities down to -130, where exp(x) leaves f32's range.
+void divergence_logs_match_reference() {
+  const int64_t n = 3001;
+  std::vector<double> y_true(static_cast<size_t>(n)), y_pred(static_cast<size_t>(n));
+  std::vector<double> log_q(static_cast<size_t>(n)), log_p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double f = double(i) / double(n - 1);
+    y_true[size_t(i)] = std::pow(10.0, -44.0 + 74.0 * f);
+    y_pred[size_t(i)] = std::sin(double(i));
+    log_q[size_t(i)] = -130.0 * f;
+    log_p[size_t(i)] = -130.0 * (1.0 - f) * std::fabs(std::cos(double(i)));
+  }
+  y_true[5] = 0.0, y_true[6] = 1e-45, y_true[2000] = 1.0;
+  log_q[100] = log_p[100] = -125.0;  // both probabilities below f32's normal range
+  Tensor yt = filled({1, n}, DType::f32, y_true), yp = filled({1, n}, DType::f32, y_pred);
+  for (double eps : {1e-40, 1e-10}) {
+    SCOPED_TRACE(eps);
+    Tensor got = Tensor::zeros({1, n}, DType::f32), want = Tensor::zeros({1, n}, DType::f32);
+    kl_div_cpu(kCtx, got, yp, yt, false, "none", eps);
+    kl_div_reference(kCtx, want, yp, yt, false, "none", eps);
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(value(got, i), value(want, i), 1e-5 * std::fabs(value(want, i)) + 1e-37) << "kl_div element " << i;
+  }
+  Tensor q = filled({1, n}, DType::f32, log_q), p = filled({1, n}, DType::f32, log_p);
+  for (double beta : {0.5, 0.1}) {
+    SCOPED_TRACE(beta);
+    Tensor got = Tensor::zeros({}, DType::f32), want = Tensor::zeros({}, DType::f32);
+    jsd_cpu(kCtx, got, q, p, TensorView{}, beta, -100);
+    jsd_reference(kCtx, want, q, p, TensorView{}, beta, -100);
+    EXPECT_NEAR(value(got, 0), value(want, 0), 1e-5 * std::fabs(value(want, 0)));
+  }
+}
+
 // The kernels on every SIMD target this machine runs (the dispatch is restricted in turn): the
-// exp takes another path on AVX-512 than on the narrower targets.
+// exp and the log take other paths on AVX-512 than on the narrower targets.
 TEST(SoftmaxCpu, MatchesReferenceOnEveryTarget) {
   for (const cpu::SimdTarget& target : cpu::simd_targets()) {
     SCOPED_TRACE(target.name);
     cpu::restrict_simd_target_for_testing(target.bit);
     masked_prefix_matches_reference();
     exp_range_matches_reference();
+    divergence_logs_match_reference();
   }
   cpu::restrict_simd_target_for_testing(0);
 }

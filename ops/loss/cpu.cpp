@@ -178,7 +178,7 @@ HWY_INLINE VF pair_elem(VF a, VF b, float eps, float beta) {
   const VF half = hn::Set(d, 0.5f);
   if constexpr (kKind == PairLoss::kl_div) {  // a = y_pred, b = y_true
     if constexpr (kBackward) return hn::Neg(b);
-    return hn::Mul(b, hn::Sub(hn::Log(d, hn::Max(b, hn::Set(d, eps))), a));
+    return hn::Mul(b, hn::Sub(log_normal_fast(hn::Max(b, hn::Set(d, eps))), a));
   } else if constexpr (kKind == PairLoss::kl_div_log_target) {
     const VF p = exp_of_log_prob(b);
     if constexpr (kBackward) return hn::Neg(p);
@@ -200,7 +200,7 @@ HWY_INLINE VF pair_elem(VF a, VF b, float eps, float beta) {
     }
     const VF vb = hn::Set(d, beta), vb1 = hn::Set(d, 1.0f - beta);
     const VF bp = hn::Mul(vb, exp_of_log_prob(b)), cq = hn::Mul(vb1, q);
-    const VF m = hn::Add(bp, cq), log_m = hn::Log(d, m);
+    const VF m = hn::Add(bp, cq), log_m = log_normal_fast(m);
     if constexpr (kBackward) return hn::Mul(cq, hn::Sub(a, log_m));
     return hn::NegMulAdd(m, log_m, hn::MulAdd(bp, b, hn::Mul(cq, a)));
   }

@@ -56,6 +56,34 @@ HWY_INLINE VF exp_bounded(VF x) {
 #endif
 }
 
+// log(x) without hn::Log's divide: x = 2^k m with m in [0.75, 1.5) from the bits (k by an
+// arithmetic shift of the bits less those of 0.75), u = m - 1 in [-1/4, 1/2), log(1 + u) = u +
+// u^2 q(u) with q a degree-7 polynomial fitted for relative error (below 1.1e-7 in f32
+// arithmetic, so log(x) near x = 1 keeps its relative precision), plus k ln 2 in one FMA. About
+// 17 vector operations against hn::Log's 25 with a divide. Lanes outside the positive normal
+// range (0, subnormals, infinities, NaN, negatives) take hn::Log's answer, computed only for a
+// vector that has one.
+HWY_INLINE VF log_normal_fast(VF x) {
+  const DF d;
+  const DI di;
+  const auto bits = hn::BitCast(di, x);
+  const auto k = hn::ShiftRight<23>(hn::Sub(bits, hn::Set(di, 0x3F400000)));
+  const VF u = hn::Sub(hn::BitCast(d, hn::Sub(bits, hn::ShiftLeft<23>(k))), hn::Set(d, 1.0f));
+  VF q = hn::Set(d, 5.41315041e-2f);
+  q = hn::MulAdd(q, u, hn::Set(d, -1.20672889e-1f));
+  q = hn::MulAdd(q, u, hn::Set(d, 1.49839163e-1f));
+  q = hn::MulAdd(q, u, hn::Set(d, -1.68228224e-1f));
+  q = hn::MulAdd(q, u, hn::Set(d, 1.99770778e-1f));
+  q = hn::MulAdd(q, u, hn::Set(d, -2.49934420e-1f));
+  q = hn::MulAdd(q, u, hn::Set(d, 3.33335489e-1f));
+  q = hn::MulAdd(q, u, hn::Set(d, -5.00000596e-1f));
+  const VF log_m = hn::MulAdd(hn::Mul(u, u), q, u);
+  const VF r = hn::MulAdd(hn::ConvertTo(d, k), hn::Set(d, 0.693147180559945309f), log_m);
+  const auto normal = hn::And(hn::Ge(x, hn::Set(d, 1.17549435e-38f)), hn::Le(x, hn::Set(d, 3.40282347e+38f)));
+  if (HWY_LIKELY(hn::AllTrue(d, normal))) return r;
+  return hn::IfThenElse(normal, r, hn::Log(d, x));
+}
+
 // Lanes [0, count) of v, -inf elsewhere (tails of max reductions).
 HWY_INLINE VF mask_tail_neg_inf(VF v, size_t count) {
   const DF d;
