@@ -65,6 +65,7 @@ struct MoeUnpermutePlan {
   const float* weights = nullptr;  // [tokens, topk], contiguous
   void* y = nullptr;
   int64_t y_stride = 0;
+  bool stream = false;  // the CPU kernel: y by streaming stores (Note [streaming stores])
 };
 MoePermutePlan moe_permute_plan(const TensorView& permuted, const TensorView& expert_offsets,
                                 const TensorView& inv_perm, const TensorView& x,

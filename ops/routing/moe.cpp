@@ -245,7 +245,11 @@ void moe_unpermute_reference(const Context&, const TensorView& y, const TensorVi
 
 void moe_unpermute_cpu(const Context&, const TensorView& y, const TensorView& expert_out,
                        const TensorView& inv_perm, const TensorView& weights) {
-  moe_unpermute_cpu_run(moe_unpermute_plan(y, expert_out, inv_perm, weights));
+  MoeUnpermutePlan p = moe_unpermute_plan(y, expert_out, inv_perm, weights);
+  // The bytes a call moves: the tokens' k expert rows and y.
+  const double row_bytes = double(p.hidden) * double(y.itemsize());
+  p.stream = cpu::stream_outputs(double(p.tokens) * double(p.topk + 1) * row_bytes, {&y});
+  moe_unpermute_cpu_run(p);
 }
 
 const char* moe_cpu_reason(const TensorView& t) {
