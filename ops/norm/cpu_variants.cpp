@@ -247,10 +247,15 @@ inline PolyRstd poly_rstd(double s2, double s4, double s6, int64_t hidden, float
           float(1.0 / std::sqrt(s6 / n + eps))};
 }
 
-template <class T> void poly_forward_typed(const PolyRows& a, int64_t begin, int64_t end) {
+// Pass 2 goes in pair steps (Note [pair order]: element-wise, so the order is free) so that it can
+// prefetch the next row of 16-bit data (Note [row prefetch]) and, past the cache share, write y
+// by streaming stores (Note [streaming stores]).
+template <class T, bool kStream> void poly_forward_typed(const PolyRows& a, int64_t begin, int64_t end) {
   const DF d;
+  constexpr bool kPrefetch = sizeof(T) == 2;
   for (int64_t row = begin; row < end; ++row) {
     const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
+    const T* next_x = row + 1 < a.rows ? x + a.x_stride : x;
     T* y = static_cast<T*>(a.y) + row * a.y_stride;
     double s[3];  // sums of x^2, x^4, x^6
     blocked_sums<3>(a.hidden, s, [&](int64_t i, size_t count, VF(&acc)[3]) {
@@ -263,19 +268,31 @@ template <class T> void poly_forward_typed(const PolyRows& a, int64_t begin, int
     // y = ((c3 x + c2) x + c1) x + b with c_p = w_p * rstd_p.
     const VF c3 = hn::Set(d, a.w[0] * r.r3), c2 = hn::Set(d, a.w[1] * r.r2);
     const VF c1 = hn::Set(d, a.w[2] * r.r1), bias = hn::Set(d, a.b);
-    for_each_vector(a.hidden, [&](int64_t i, size_t count) {
-      const VF v = load_n(x + i, count);
-      store_n(hn::MulAdd(hn::MulAdd(hn::MulAdd(c3, v, c2), v, c1), v, bias), y + i, count);
-    });
+    auto poly = [&](VF v) { return hn::MulAdd(hn::MulAdd(hn::MulAdd(c3, v, c2), v, c1), v, bias); };
+    for_each_pair(
+        a.hidden,
+        [&](int64_t i) {
+          if constexpr (kPrefetch) prefetch_step(next_x + i);
+          VF va, vb;
+          load_pair(x + i, va, vb);
+          store_pair<kStream>(poly(va), poly(vb), y + i);
+        },
+        [&](int64_t i, size_t count) { store_n(poly(load_n(x + i, count)), y + i, count); });
+  }
+  if constexpr (kStream) hwy::FlushStream();
+}
+
+template <bool kStream> void poly_forward_for(const PolyRows& a, int64_t begin, int64_t end) {
+  switch (a.dtype) {
+    case DType::bf16: return poly_forward_typed<bf16_t, kStream>(a, begin, end);
+    case DType::f16: return poly_forward_typed<f16_t, kStream>(a, begin, end);
+    default: return poly_forward_typed<float, kStream>(a, begin, end);
   }
 }
 
 void poly_forward_rows(const PolyRows& a, int64_t begin, int64_t end) {
-  switch (a.dtype) {
-    case DType::bf16: return poly_forward_typed<bf16_t>(a, begin, end);
-    case DType::f16: return poly_forward_typed<f16_t>(a, begin, end);
-    default: return poly_forward_typed<float>(a, begin, end);
-  }
+  if (a.stream) poly_forward_for<true>(a, begin, end);
+  else poly_forward_for<false>(a, begin, end);
 }
 
 // One backward row: dx, and the row's r_p * S_p and sum(dy) added to `partial`.
@@ -444,6 +461,8 @@ void poly_norm_cpu(const Context&, const TensorView& y, const TensorView& x, con
   a.b = scalar_at(b, 0);
   a.y = y.data;
   a.y_stride = y.row_stride();
+  a.rows = x.rows();
+  a.stream = cpu::stream_outputs(2 * bytes_of(x), {&y});
   const cpu::RowTasks tasks = row_tasks(x, 2 * x.itemsize());
   auto* fn = HWY_DYNAMIC_DISPATCH(norm_variants_cpu::poly_forward_rows);
   cpu::parallel_tasks(tasks.count(), [&](int64_t t) { fn(a, tasks.begin(t), tasks.end(t)); });
