@@ -106,6 +106,8 @@ std::vector<CeSpec> ce_specs() {
   // path, rows padded, some ignored, every option.
   s.push_back({"140x9000_mean_all_options_pad8", CaseGroup::edge, 140, 9000, "mean", 0.1, 1e-3, 20.0,
                {7, -100, 8999, 0, 4500}, -100, 8, 3.0});
+  // Several rows a block in the GPU row kernel (Note [row threads]) with a partial last block.
+  s.push_back({"137x3000_sum_ignore", CaseGroup::edge, 137, 3000, "sum", 0, 0, 0, {5, -100, 2999, 0}});
   return s;
 }
 
