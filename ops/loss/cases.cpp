@@ -168,6 +168,9 @@ std::vector<PairSpec> shape_specs() {
   s.push_back({"3x67", CaseGroup::edge, 3, 67});
   s.push_back({"5x4097", CaseGroup::edge, 5, 4097});
   s.push_back({"5x67_pad8", CaseGroup::edge, 5, 67, "batchmean", 0, {}, 8});
+  // More rows than a GPU's SMs, each cut into segments by the many-row rule (Note [segment size]),
+  // some rows ignored (jsd, tvd).
+  s.push_back({"150x3000_labels", CaseGroup::edge, 150, 3000, "batchmean", 0, {3, -100, 7}});
   return s;
 }
 
