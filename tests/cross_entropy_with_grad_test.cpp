@@ -110,7 +110,12 @@ void compare(int64_t rows, int64_t vocab, DType dtype, const Options& o, const s
   separate(&cross_entropy_cpu, &cross_entropy_backward_cpu, cpu_separate);
   EXPECT_EQ(test_util::bytes_of_tensor(cpu.loss), test_util::bytes_of_tensor(cpu_separate.loss));
   EXPECT_EQ(test_util::bytes_of_tensor(cpu.lse), test_util::bytes_of_tensor(cpu_separate.lse));
-  EXPECT_EQ(test_util::bytes_of_tensor(cpu.dlogits.storage), test_util::bytes_of_tensor(cpu_separate.dlogits.storage));
+  // Note [fused exps] (ops/loss/cpu.cpp): without smoothing and softcap the fused gradient takes p
+  // from the statistics sweep's exps, and its last bits may differ from cross_entropy_backward's.
+  if (o.smoothing > 0 || o.softcap > 0)
+    EXPECT_EQ(test_util::bytes_of_tensor(cpu.dlogits.storage), test_util::bytes_of_tensor(cpu_separate.dlogits.storage));
+  else
+    expect_close(cpu.dlogits, cpu_separate.dlogits, test_util::rtol_of(dtype, 1e-6), 1e-9, "fused dlogits");
   test_util::expect_padding_untouched(cpu.dlogits);
   const double rtol = test_util::rtol_of(dtype, 1e-5);
   expect_close(cpu.loss, want.loss, 1e-5, 1e-6, "loss");

@@ -261,6 +261,15 @@ void masked_prefix_matches_reference() {
   EXPECT_NEAR(value(loss, 1), value(loss_ref, 1), 1e-5);
   cross_entropy_cpu(kCtx, loss, lse, logits, ids({100, 100}), -100, 0, 0, 0, "none");
   EXPECT_TRUE(std::isinf(value(loss, 0)));  // the target is masked: an infinite loss
+  // The fused gradient (Note [fused exps] in ops/loss/cpu.cpp) over the masked blocks: p = 0.
+  Tensor dlogits = Tensor::zeros({2, n}, DType::f32), dlogits_ref = Tensor::zeros({2, n}, DType::f32);
+  Tensor one = filled({1}, DType::f32, {1.0});
+  cross_entropy_with_grad_cpu(kCtx, loss, lse, dlogits, logits, ids({7000, 100}), one, -100, 0, 0, 0, "sum");
+  cross_entropy_with_grad_reference(kCtx, loss_ref, lse_ref, dlogits_ref, logits, ids({7000, 100}), one, -100, 0, 0, 0,
+                                    "sum");
+  for (int64_t i = 0; i < n; ++i)  // row 0 (row 1's target is masked: an infinite loss)
+    EXPECT_NEAR(value(dlogits, i), value(dlogits_ref, i), 1e-6 + 1e-5 * std::fabs(value(dlogits_ref, i))) << i;
+  EXPECT_NEAR(value(lse, 0), value(lse_ref, 0), 1e-5);
 }
 
 // Values from the row's max down past exp's normal range (x - max in [-110, 0], exact 0 and -inf
