@@ -45,9 +45,28 @@ using namespace opforge::cpu::HWY_NAMESPACE;  // NOLINT: the SIMD vocabulary
 
 const auto kIdentity = [](VF v) { return v; };
 
+// The output sweep of a row: out[i, i + lanes) = value(i, count) one vector at a time, full vectors
+// by store<kStream> (Note [streaming stores]: the caller checked the alignment), the tail by
+// store_n. The sweep reads only cache (the row's scratch, or its inputs again), so it prefetches
+// the next row's inputs next_a / next_b (null: none), one line per 64 bytes (Note [row prefetch]).
+template <bool kStream, class T, class Value>
+HWY_INLINE void write_row(T* out, int64_t n, const T* next_a, const T* next_b, Value&& value) {
+  const int64_t lanes = int64_t(hn::Lanes(DF()));
+  constexpr int64_t kLine = 64 / int64_t(sizeof(T));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    if (i % kLine == 0) {
+      if (next_a) hwy::Prefetch(next_a + i);
+      if (next_b) hwy::Prefetch(next_b + i);
+    }
+    store<kStream>(value(i, size_t(lanes)), out + i);
+  }
+  if (i < n) store_n(value(i, size_t(n - i)), out + i, size_t(n - i));
+}
+
 // softmax of one row; `scratch` holds n f32 (+ one vector), `block_max` one float per block.
-template <class T>
-void softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch, float* block_max) {
+template <bool kStream, class T>
+void softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch, float* block_max, const T* next_x) {
   OnlineMaxSum stats;
   for (int64_t b0 = 0, b = 0; b0 < n; b0 += block, ++b) {
     const int64_t len = std::min(block, n - b0);
@@ -63,14 +82,13 @@ void softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch, flo
   for (int64_t b0 = 0, b = 0; b0 < n; b0 += block, ++b) {
     const int64_t len = std::min(block, n - b0);
     const VF factor = hn::Set(DF(), float(std::exp(double(block_max[b]) - stats.max) / stats.sum));
-    for_each_vector(len, [&](int64_t i, size_t count) {
-      store_n(hn::Mul(load_n(scratch + b0 + i, count), factor), y + b0 + i, count);
-    });
+    write_row<kStream>(y + b0, len, next_x ? next_x + b0 : nullptr, static_cast<const T*>(nullptr),
+                       [&](int64_t i, size_t count) { return hn::Mul(load_n(scratch + b0 + i, count), factor); });
   }
 }
 
-template <class T>
-void log_softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch) {
+template <bool kStream, class T>
+void log_softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch, const T* next_x) {
   OnlineMaxSum stats;
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t len = std::min(block, n - b0);
@@ -80,8 +98,8 @@ void log_softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch)
   // (x - max) - log(sum): x - max is exact near the max (Sterbenz), where y is small and an f32
   // lse rounded at the scale of max would cost an ulp of max.
   const VF vmax = hn::Set(DF(), stats.max), log_sum = hn::Set(DF(), float(std::log(stats.sum)));
-  for_each_vector(n, [&](int64_t i, size_t count) {
-    store_n(hn::Sub(hn::Sub(load_n(scratch + i, count), vmax), log_sum), y + i, count);
+  write_row<kStream>(y, n, next_x, static_cast<const T*>(nullptr), [&](int64_t i, size_t count) {
+    return hn::Sub(hn::Sub(load_n(scratch + i, count), vmax), log_sum);
   });
 }
 
@@ -116,25 +134,27 @@ template <class T> void sparsemax_row(const T* x, T* y, int64_t n, float* scratc
   });
 }
 
-template <class T>
-void backward_row(SoftmaxKind kind, const T* dy, const T* y, T* dx, int64_t n, int64_t block) {
+// next_dy / next_y: the next row's inputs, prefetched by the dx sweep (null: none).
+template <bool kStream, class T>
+void backward_row(SoftmaxKind kind, const T* dy, const T* y, T* dx, int64_t n, int64_t block, const T* next_dy,
+                  const T* next_y) {
   const DF d;
   if (kind == SoftmaxKind::softmax) {
     const float dot = float(sum_blocks(n, block, [&](int64_t i, size_t count, VF& acc) {
       acc = hn::MulAdd(load_n(dy + i, count), load_n(y + i, count), acc);
     }));
     const VF vdot = hn::Set(d, dot);
-    for_each_vector(n, [&](int64_t i, size_t count) {
-      store_n(hn::Mul(load_n(y + i, count), hn::Sub(load_n(dy + i, count), vdot)), dx + i, count);
+    write_row<kStream>(dx, n, next_dy, next_y, [&](int64_t i, size_t count) {
+      return hn::Mul(load_n(y + i, count), hn::Sub(load_n(dy + i, count), vdot));
     });
   } else if (kind == SoftmaxKind::log_softmax) {
     const float sum = float(sum_blocks(n, block, [&](int64_t i, size_t count, VF& acc) {
       acc = hn::Add(acc, load_n(dy + i, count));
     }));
     const VF vsum = hn::Set(d, sum);
-    for_each_vector(n, [&](int64_t i, size_t count) {
+    write_row<kStream>(dx, n, next_dy, next_y, [&](int64_t i, size_t count) {
       const VF p = exp_bounded(load_n(y + i, count));  // y = log p <= 0
-      store_n(hn::NegMulAdd(p, vsum, load_n(dy + i, count)), dx + i, count);
+      return hn::NegMulAdd(p, vsum, load_n(dy + i, count));
     });
   } else {
     const VF zero = hn::Zero(d), one = hn::Set(d, 1.0f);
@@ -151,7 +171,7 @@ void backward_row(SoftmaxKind kind, const T* dy, const T* y, T* dx, int64_t n, i
   }
 }
 
-template <class T> void rows_typed(const SoftmaxRows& a, int64_t begin, int64_t end) {
+template <bool kStream, class T> void rows_typed(const SoftmaxRows& a, int64_t begin, int64_t end) {
   const int64_t lanes = int64_t(hn::Lanes(DF()));
   const int64_t n_blocks = a.block > 0 ? (a.n + a.block - 1) / a.block : 0;
   std::unique_ptr<float[]> scratch(new float[size_t(a.n + lanes)]);
@@ -159,24 +179,35 @@ template <class T> void rows_typed(const SoftmaxRows& a, int64_t begin, int64_t 
   for (int64_t row = begin; row < end; ++row) {
     const T* in = static_cast<const T*>(a.in) + row * a.in_stride;
     T* out = static_cast<T*>(a.out) + row * a.out_stride;
+    const bool last = row + 1 >= a.rows;
+    const T* next_in = last ? nullptr : in + a.in_stride;
     if (a.y) {
-      backward_row(a.kind, in, static_cast<const T*>(a.y) + row * a.y_stride, out, a.n, a.block);
+      const T* y = static_cast<const T*>(a.y) + row * a.y_stride;
+      backward_row<kStream>(a.kind, in, y, out, a.n, a.block, next_in, last ? nullptr : y + a.y_stride);
       continue;
     }
     switch (a.kind) {
-      case SoftmaxKind::softmax: softmax_row(in, out, a.n, a.block, scratch.get(), block_max.get()); break;
-      case SoftmaxKind::log_softmax: log_softmax_row(in, out, a.n, a.block, scratch.get()); break;
+      case SoftmaxKind::softmax:
+        softmax_row<kStream>(in, out, a.n, a.block, scratch.get(), block_max.get(), next_in);
+        break;
+      case SoftmaxKind::log_softmax: log_softmax_row<kStream>(in, out, a.n, a.block, scratch.get(), next_in); break;
       case SoftmaxKind::sparsemax: sparsemax_row(in, out, a.n, scratch.get()); break;
     }
+  }
+  if constexpr (kStream) hwy::FlushStream();
+}
+
+template <bool kStream> void rows_for(const SoftmaxRows& a, int64_t begin, int64_t end) {
+  switch (a.dtype) {
+    case DType::bf16: return rows_typed<kStream, bf16_t>(a, begin, end);
+    case DType::f16: return rows_typed<kStream, f16_t>(a, begin, end);
+    default: return rows_typed<kStream, float>(a, begin, end);
   }
 }
 
 void softmax_rows(const SoftmaxRows& a, int64_t begin, int64_t end) {
-  switch (a.dtype) {
-    case DType::bf16: return rows_typed<bf16_t>(a, begin, end);
-    case DType::f16: return rows_typed<f16_t>(a, begin, end);
-    default: return rows_typed<float>(a, begin, end);
-  }
+  if (a.stream) rows_for<true>(a, begin, end);
+  else rows_for<false>(a, begin, end);
 }
 
 }  // namespace opforge::softmax_simd::HWY_NAMESPACE
@@ -208,6 +239,10 @@ void run(SoftmaxKind kind, const TensorView& out, const TensorView& in, const Te
     a.y = y->data;
     a.y_stride = y->row_stride();
   }
+  a.rows = in.rows();
+  // Past the cache share the output goes out by streaming stores (Note [streaming stores]);
+  // sparsemax's sweeps keep plain stores.
+  if (kind != SoftmaxKind::sparsemax) a.stream = cpu::stream_outputs((y ? 3 : 2) * bytes_of(in), {&out});
   cpu::TileSpec block;
   block.bytes_per_element = in.itemsize() + int64_t(sizeof(float));
   block.level = cpu::CacheLevel::l1d;

@@ -42,6 +42,8 @@ struct SoftmaxRows {
   int64_t y_stride = 0;
   void* out = nullptr;  // y (forward) or dx (backward)
   int64_t out_stride = 0;
+  int64_t rows = 0;     // the call's rows (the last one prefetches nothing past them)
+  bool stream = false;  // out by streaming stores (Note [streaming stores])
 };
 
 }  // namespace opforge
