@@ -109,7 +109,9 @@ HWY_INLINE float ce_row_stats(const CrossEntropyRows& a, const Cap<kCap>& cap, f
 }
 
 // One row's gradient from its lse and upstream gradient a.grad[row] into a.dlogits.
-template <class T, bool kCap>
+// kStream: dlogits by streaming stores (Note [streaming stores]), fenced before the target entry
+// is written over its vector.
+template <class T, bool kCap, bool kStream>
 HWY_INLINE void ce_row_grad(const CrossEntropyRows& a, const Cap<kCap>& cap, int64_t row, float lse) {
   const DF d;
   const float eps = a.label_smoothing / float(a.vocab);
@@ -117,7 +119,7 @@ HWY_INLINE void ce_row_grad(const CrossEntropyRows& a, const Cap<kCap>& cap, int
   T* dx = static_cast<T*>(a.dlogits) + row * a.dlogits_stride;
   const int64_t t = a.target[row * a.target_stride];
   if (t == a.ignore_index) {
-    for_each_vector(a.vocab, [&](int64_t i, size_t count) { store_n(hn::Zero(d), dx + i, count); });
+    write_row<kStream>(dx, a.vocab, kNone<T>, kNone<T>, [&](int64_t, size_t) { return hn::Zero(d); });
     return;
   }
   const float g = float(a.grad[row]);
@@ -131,7 +133,7 @@ HWY_INLINE void ce_row_grad(const CrossEntropyRows& a, const Cap<kCap>& cap, int
   // any tolerance.
   const float gc = std::fabs(g * c1);
   const VF p_min = hn::Set(d, gc > 0 ? std::numeric_limits<float>::min() / gc : 0.0f);
-  for_each_vector(a.vocab, [&](int64_t i, size_t count) {
+  write_row<kStream>(dx, a.vocab, kNone<T>, kNone<T>, [&](int64_t i, size_t count) {
     const VF z = cap(load_n(x + i, count));
     const VF p = exp_bounded(hn::Sub(z, vl));
     VF dz = hn::MulAdd(vp, hn::IfThenZeroElse(hn::Lt(p, p_min), p), vb);
@@ -139,8 +141,9 @@ HWY_INLINE void ce_row_grad(const CrossEntropyRows& a, const Cap<kCap>& cap, int
       const VF r = hn::Mul(z, inv_c);
       dz = hn::Mul(dz, hn::NegMulAdd(r, r, one));
     }
-    store_n(dz, dx + i, count);
+    return dz;
   });
+  if constexpr (kStream) hwy::FlushStream();
   // The target entry on its own: (p_t - eps - (1 - ls)) in f32, rounded once.
   const float z_t = cap.scalar(float(x[t]));
   float dz_t = g * (c1 * std::exp(z_t - lse) - eps - (1.0f - a.label_smoothing));
@@ -155,8 +158,9 @@ HWY_INLINE void ce_row_grad(const CrossEntropyRows& a, const Cap<kCap>& cap, int
 // gradients then differ from cross_entropy_backward's in the last bits (p by another rounding),
 // as the CUDA cluster kernel's do; loss and lse are the same bits. Rows with smoothing (sum z) or
 // softcap (the derivative needs z) and rows with no finite logit take ce_row_stats + ce_row_grad.
-template <class T>
-HWY_INLINE void ce_row_fused(const CrossEntropyRows& a, float* row_exp, float* block_max, int64_t row) {
+template <class T, bool kStream>
+HWY_INLINE void ce_row_fused(const CrossEntropyRows& a, float* row_exp, float* block_max, int64_t row,
+                             const T* next_x) {
   const DF d;
   const Cap<false> cap{};
   const T* x = static_cast<const T*>(a.logits) + row * a.logits_stride;
@@ -170,7 +174,7 @@ HWY_INLINE void ce_row_fused(const CrossEntropyRows& a, float* row_exp, float* b
   }
   const double lse = double(stats.max) + std::log(stats.sum);
   if (!std::isfinite(lse)) {  // no finite logit (or an infinite one): the two-exp path's values
-    ce_row_grad<T, false>(a, cap, row, ce_row_stats<T, false>(a, cap, row_exp, row));
+    ce_row_grad<T, false, kStream>(a, cap, row, ce_row_stats<T, false>(a, cap, row_exp, row));
     return;
   }
   a.row_lse[row] = float(lse);
@@ -178,7 +182,7 @@ HWY_INLINE void ce_row_fused(const CrossEntropyRows& a, float* row_exp, float* b
   T* dx = static_cast<T*>(a.dlogits) + row * a.dlogits_stride;
   if (t == a.ignore_index) {
     a.row_loss[row] = 0;
-    for_each_vector(a.vocab, [&](int64_t i, size_t count) { store_n(hn::Zero(d), dx + i, count); });
+    write_row<kStream>(dx, a.vocab, next_x, kNone<T>, [&](int64_t, size_t) { return hn::Zero(d); });
     return;
   }
   const double z_t = double(float(x[t]));
@@ -191,16 +195,18 @@ HWY_INLINE void ce_row_fused(const CrossEntropyRows& a, float* row_exp, float* b
   for (int64_t b0 = 0, b = 0; b0 < a.vocab; b0 += a.block, ++b) {
     const int64_t len = std::min(a.block, a.vocab - b0);
     const float* e = row_exp + b0;
+    const T* next = next_x ? next_x + b0 : nullptr;
     if (block_max[b] == kNegInf) {  // every logit of the block -inf: p = 0
-      for_each_vector(len, [&](int64_t i, size_t count) { store_n(vb, dx + b0 + i, count); });
+      write_row<kStream>(dx + b0, len, next, kNone<T>, [&](int64_t, size_t) { return vb; });
       continue;
     }
     const VF factor = hn::Set(d, float(std::exp(double(block_max[b]) - lse)));
-    for_each_vector(len, [&](int64_t i, size_t count) {
+    write_row<kStream>(dx + b0, len, next, kNone<T>, [&](int64_t i, size_t count) {
       const VF p = hn::Mul(load_n(e + i, count), factor);
-      store_n(hn::MulAdd(vp, hn::IfThenZeroElse(hn::Lt(p, p_min), p), vb), dx + b0 + i, count);
+      return hn::MulAdd(vp, hn::IfThenZeroElse(hn::Lt(p, p_min), p), vb);
     });
   }
+  if constexpr (kStream) hwy::FlushStream();
   // The target entry as ce_row_grad's: (p_t - 1) in f32, rounded once.
   dx[t] = T(g * (c1 * std::exp(float(z_t) - lse_f) - 1.0f));
 }
@@ -208,7 +214,7 @@ HWY_INLINE void ce_row_fused(const CrossEntropyRows& a, float* row_exp, float* b
 // Rows [begin, end): statistics (forward), the gradient from the saved lse (backward), or both
 // per row (fused: the gradient sweep reads the row again while it is still in L1 / L2; Note
 // [fused exps]).
-template <class T, bool kCap>
+template <class T, bool kCap, bool kStream>
 void ce_sweep_rows(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
   const Cap<kCap> cap{a.softcap, a.softcap > 0 ? 1.0f / a.softcap : 0.0f};
   const int64_t lanes = int64_t(hn::Lanes(DF()));
@@ -219,18 +225,24 @@ void ce_sweep_rows(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int6
       const int64_t blocks = (a.vocab + a.block - 1) / a.block;
       std::unique_ptr<float[]> row_exp(new float[size_t(a.vocab + a.block + lanes)]);
       std::unique_ptr<float[]> block_max(new float[size_t(std::max<int64_t>(blocks, 1))]);
-      for (int64_t row = begin; row < end; ++row) ce_row_fused<T>(a, row_exp.get(), block_max.get(), row);
+      const T* logits = static_cast<const T*>(a.logits);
+      for (int64_t row = begin; row < end; ++row) {
+        const T* next_x = row + 1 < end ? logits + (row + 1) * a.logits_stride : nullptr;
+        ce_row_fused<T, kStream>(a, row_exp.get(), block_max.get(), row, next_x);
+      }
+      if constexpr (kStream) hwy::FlushStream();
       return;
     }
   }
   for (int64_t row = begin; row < end; ++row) {
     if (sweep == CeSweep::backward) {
-      ce_row_grad<T, kCap>(a, cap, row, a.lse[row]);
+      ce_row_grad<T, kCap, kStream>(a, cap, row, a.lse[row]);
       continue;
     }
     const float lse = ce_row_stats<T, kCap>(a, cap, scratch.get(), row);
-    if (sweep == CeSweep::fused) ce_row_grad<T, kCap>(a, cap, row, lse);
+    if (sweep == CeSweep::fused) ce_row_grad<T, kCap, kStream>(a, cap, row, lse);
   }
+  if constexpr (kStream) hwy::FlushStream();
 }
 
 // ---- kl_div / jsd / tvd -------------------------------------------------------------------------
@@ -325,10 +337,16 @@ void pair_rows(const PairRows& p, int64_t begin, int64_t end) {
   }
 }
 
+template <class T, bool kStream>
+void ce_rows_streamed(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
+  if (a.softcap > 0) ce_sweep_rows<T, true, kStream>(a, sweep, begin, end);
+  else ce_sweep_rows<T, false, kStream>(a, sweep, begin, end);
+}
+
 template <class T>
 void ce_rows_for(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
-  if (a.softcap > 0) ce_sweep_rows<T, true>(a, sweep, begin, end);
-  else ce_sweep_rows<T, false>(a, sweep, begin, end);
+  if (a.stream && sweep != CeSweep::forward) ce_rows_streamed<T, true>(a, sweep, begin, end);
+  else ce_rows_streamed<T, false>(a, sweep, begin, end);
 }
 
 void ce_rows(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
@@ -512,6 +530,9 @@ void cross_entropy_backward_cpu(const Context&, const TensorView& dlogits, const
   a.grad = grad.data();
   a.dlogits = dlogits.data;
   a.dlogits_stride = dlogits.row_stride();
+  // Plain stores: streaming dlogits measured slower in this one-sweep kernel (bf16 1,024 x 32,000
+  // on the 2-core EPYC: 6.7-7.6 -> 7.4-9.0 ms, docs/perf/cpu.md); the fused op's gradient sweep,
+  // which reads only cache, gains from them.
   auto* fn = HWY_DYNAMIC_DISPATCH(loss_simd::ce_rows);
   run_tasks(row_tasks(logits, 2), [&](int64_t begin, int64_t end) { fn(a, CeSweep::backward, begin, end); });
 }
@@ -531,6 +552,7 @@ void cross_entropy_with_grad_cpu(const Context&, const TensorView& loss, const T
   a.grad = grad.data();
   a.dlogits = dlogits.data;
   a.dlogits_stride = dlogits.row_stride();
+  a.stream = cpu::stream_outputs(2 * bytes_of(logits), {&dlogits});
   auto* fn = HWY_DYNAMIC_DISPATCH(loss_simd::ce_rows);
   run_tasks(row_tasks(logits, 2), [&](int64_t begin, int64_t end) { fn(a, CeSweep::fused, begin, end); });
   store_ce_loss(loss, row_loss, target, ignore_index, r);

@@ -112,6 +112,7 @@ struct CrossEntropyRows {
   const double* grad = nullptr;  // [N]: the upstream gradient of each row (scale folded in)
   void* dlogits = nullptr;
   int64_t dlogits_stride = 0;
+  bool stream = false;  // dlogits by streaming stores (Note [streaming stores])
 };
 
 enum class PairLoss : uint8_t { kl_div, kl_div_log_target, jsd, tvd };

@@ -45,26 +45,6 @@ using namespace opforge::cpu::HWY_NAMESPACE;  // NOLINT: the SIMD vocabulary
 
 const auto kIdentity = [](VF v) { return v; };
 
-// The output sweep of a row: out[i, i + lanes) = value(i, count) one vector at a time, full vectors
-// by store<kStream> (Note [streaming stores]: the caller checked the alignment), the tail by
-// store_n. The sweep reads only cache (the row's scratch, or its inputs again), so it prefetches
-// the next row's inputs next_a / next_b (null: none), one line per 64 bytes (Note [row prefetch]).
-template <bool kStream, class T, class Value>
-HWY_INLINE void write_row(T* out, int64_t n, const T* next_a, const T* next_b, Value&& value) {
-  const int64_t lanes = int64_t(hn::Lanes(DF()));
-  constexpr int64_t kLine = 64 / int64_t(sizeof(T));
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    if (i % kLine == 0) {
-      if (next_a) hwy::Prefetch(next_a + i);
-      if (next_b) hwy::Prefetch(next_b + i);
-    }
-    store<kStream>(value(i, size_t(lanes)), out + i);
-  }
-  if (i < n) store_n(value(i, size_t(n - i)), out + i, size_t(n - i));
-}
-
-// softmax of one row; `scratch` holds n f32 (+ one vector), `block_max` one float per block.
 template <bool kStream, class T>
 void softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch, float* block_max, const T* next_x) {
   OnlineMaxSum stats;
