@@ -18,9 +18,13 @@
 // - cross_entropy_with_grad runs both per row, the gradient sweep right after the row's
 //   statistics, so its second read of the row comes from L1 / L2 (a 128k-vocab bf16 row is
 //   256 KB) rather than memory: one read of the logits from memory, one write of dlogits.
-// - kl_div, jsd, tvd: one sweep per row over both inputs with vector log / exp; reduced losses
-//   are per-row sums (f32 vectors per L1 block, blocks in double) added in row order on the
-//   host: deterministic and independent of the thread count.
+//   Without smoothing or softcap the statistics sweep keeps its exps and the gradient is one
+//   multiply an element (Note [fused exps]); that sweep prefetches the next row and, past the
+//   cache share, writes dlogits by streaming stores (write_row, ops/softmax/row_math-inl.h).
+// - kl_div, jsd, tvd: one sweep per row over both inputs with vector log / exp (exp_bounded,
+//   log_normal_fast: no divide); reduced losses are per-row sums (f32 vectors per L1 block,
+//   blocks in double) added in row order on the host: deterministic and independent of the
+//   thread count.
 // - OpenMP over tasks of rows sized by capacity_block (Note [tiling], L2); one task runs without
 //   an OpenMP region.
 //

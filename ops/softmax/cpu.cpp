@@ -16,6 +16,9 @@
 //   - 1) / |{v > tau}| until the support stops shrinking; typically 3-6 sweeps over L2).
 // - Backward: one sweep for the row statistic (dot(dy, y), sum(dy), support mean), one fused
 //   sweep for dx; the second reads dy and y back from L1/L2.
+// - The output sweeps (softmax, log_softmax and their backwards) read only cache, so they
+//   prefetch the next row's inputs and, past the cache share, write by streaming stores
+//   (write_row, ops/softmax/row_math-inl.h; Notes [row prefetch], [streaming stores]).
 // - OpenMP over tasks of rows sized by capacity_block (Note [tiling], L2); the block of the
 //   online statistics by capacity_block over L1. One task runs without an OpenMP region.
 //
