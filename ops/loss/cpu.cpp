@@ -349,7 +349,7 @@ void ce_rows_streamed(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, i
 
 template <class T>
 void ce_rows_for(const CrossEntropyRows& a, CeSweep sweep, int64_t begin, int64_t end) {
-  if (a.stream && sweep != CeSweep::forward) ce_rows_streamed<T, true>(a, sweep, begin, end);
+  if (a.stream) ce_rows_streamed<T, true>(a, sweep, begin, end);  // set by cross_entropy_with_grad only
   else ce_rows_streamed<T, false>(a, sweep, begin, end);
 }
 

@@ -65,7 +65,7 @@ void softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch, flo
   for (int64_t b0 = 0, b = 0; b0 < n; b0 += block, ++b) {
     const int64_t len = std::min(block, n - b0);
     const VF factor = hn::Set(DF(), float(std::exp(double(block_max[b]) - stats.max) / stats.sum));
-    write_row<kStream>(y + b0, len, next_x ? next_x + b0 : nullptr, static_cast<const T*>(nullptr),
+    write_row<kStream>(y + b0, len, next_x ? next_x + b0 : nullptr, kNone<T>,
                        [&](int64_t i, size_t count) { return hn::Mul(load_n(scratch + b0 + i, count), factor); });
   }
 }
@@ -81,7 +81,7 @@ void log_softmax_row(const T* x, T* y, int64_t n, int64_t block, float* scratch,
   // (x - max) - log(sum): x - max is exact near the max (Sterbenz), where y is small and an f32
   // lse rounded at the scale of max would cost an ulp of max.
   const VF vmax = hn::Set(DF(), stats.max), log_sum = hn::Set(DF(), float(std::log(stats.sum)));
-  write_row<kStream>(y, n, next_x, static_cast<const T*>(nullptr), [&](int64_t i, size_t count) {
+  write_row<kStream>(y, n, next_x, kNone<T>, [&](int64_t i, size_t count) {
     return hn::Sub(hn::Sub(load_n(scratch + i, count), vmax), log_sum);
   });
 }
