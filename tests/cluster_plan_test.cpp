@@ -125,5 +125,47 @@ TEST(ClusterPlan, ManyRows) {
     }
 }
 
+TEST(ClusterPlan, RowPipeline) {
+  constexpr int kSms = 132;
+  constexpr int64_t kSmem = 227 * 1024 - 1024, kClusterUnits = 8 * 256 * 8;
+  auto plan_in = [](int64_t rows, int64_t units, int64_t smem) {
+    return cuda::softmax::pipeline_plan(rows, units, kSms, 1024, kClusterUnits, smem, 512, 8);
+  };
+  auto plan = [&](int64_t rows, int64_t units) { return plan_in(rows, units, kSmem); };
+  auto expect = [](cuda::softmax::PipelinePlan p, int ranks, int stages, int64_t seg) {
+    EXPECT_EQ(p.ranks, ranks);
+    EXPECT_EQ(p.stages, stages);
+    EXPECT_EQ(p.seg_units, seg);
+  };
+  // bf16 32,000 (4,000 packs, 64,000 bytes): one CTA a row, 2 stages. bf16 128,256 (16,032
+  // packs) and f32 32,000 (8,000) need a cluster and the many-row cluster holds them: not taken.
+  // f32 128,256 (32,064 packs): 8 CTAs of 4,008. 32,769 packs: no 8 CTAs hold them.
+  expect(plan(1024, 4000), 1, 2, 4000);
+  expect(plan(1024, 2000), 1, 2, 2000);
+  expect(plan(256, 16032), 0, 0, 0);
+  expect(plan(1024, 8000), 0, 0, 0);
+  expect(plan(256, 32064), 8, 2, 4008);
+  expect(plan(256, 16385), 8, 2, 2049);
+  expect(plan(1024, 8 * 4096 + 1), 0, 0, 0);
+  // Not taken: fewer rows than SMs, a row the row kernel holds, too little shared memory for two
+  // stages on one CTA.
+  expect(plan(131, 4000), 0, 0, 0);
+  expect(plan(1024, 1024), 0, 0, 0);
+  expect(plan_in(1024, 4000, 4000 * 16), 0, 0, 0);
+  expect(plan_in(1024, 2000, 4000 * 16), 1, 2, 2000);
+  for (int64_t units = 1025; units < 40000; units += 41) {
+    const cuda::softmax::PipelinePlan p = plan(1 << 20, units);
+    if (p.ranks == 0) {
+      EXPECT_TRUE(units > 4096 && (units <= kClusterUnits || units > 8 * 4096)) << units;
+      continue;
+    }
+    EXPECT_GE(p.seg_units * p.ranks, units);        // the segments cover the row
+    EXPECT_LT(p.seg_units * (p.ranks - 1), units);  // and none is empty
+    EXPECT_LE(p.seg_units, 512 * 8);                // a CTA holds its segment
+    EXPECT_GE(p.stages, 2);
+    EXPECT_LE(p.stages * p.seg_units * 16, kSmem);  // the ring fits
+    EXPECT_TRUE(p.ranks == 1 || units > kClusterUnits);
+  }
+}
 }  // namespace
 }  // namespace opforge

@@ -82,9 +82,12 @@ std::vector<Case> family_cases(const Spec& spec) {
   add("3x4097_all_pad3", CaseGroup::edge, {3, 4097}, {3, 3, false});
   add("7x33_in_place", CaseGroup::edge, {7, 33}, {0, 0, true});
   add("4x5000_in_place_pad8", CaseGroup::edge, {4, 5000}, {8, 0, true});
-  // More rows than a GPU's SMs, each longer than its row kernel holds in registers: a cluster a
-  // row (Note [many-row cluster]), in place, with padded rows.
+  // More rows than a GPU's SMs, each longer than its row kernel holds in registers: in place, with
+  // padded rows (the forwards: Note [softmax row pipeline], one CTA a row; the backwards: Note
+  // [many-row cluster]); then rows of 66,000, a row count no cluster count divides (bf16 / f16:
+  // the many-row cluster, 8 CTAs a row; f32: the pipeline on clusters of 8).
   add("140x9000_in_place_pad8", CaseGroup::edge, {140, 9000}, {8, 0, true});
+  add("133x66000", CaseGroup::edge, {133, 66000});
   return cases;
 }
 

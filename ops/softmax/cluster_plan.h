@@ -56,4 +56,34 @@ inline FewRowPlan many_row_plan(int64_t rows, int64_t units, int sms, int64_t ca
   return {};
 }
 
+// Note [softmax row pipeline] (ops/softmax/cuda_pipeline.cu): a row on `ranks` CTAs (1, 2, 4 or 8;
+// a cluster when more than one) whose segments of `seg_units` 16-byte packs stream through a ring
+// of `stages` shared-memory buffers a CTA. The fewest CTAs whose segment the CTA's threads hold
+// (threads x units_per_thread packs) and whose ring has at least two stages in `smem_bytes` (the
+// most dynamic shared memory a block may take), at most kPipelineMaxStages (2: H200, 1,024 x 32,000,
+// one CTA a row, two calls, bf16 softmax 39.5 / 39.8 us with 3 stages, 39.2 / 39.0 with 2; f16
+// 39.8 / 39.7 -> 38.7 / 38.6; log_softmax likewise; f32 256 x 128,256 the same, 116.8 / 117.4;
+// OPFORGE_CUDA_SOFTMAX_PIPELINE_STAGES=2..4 overrides it, tuning). {0, 0, 0} for fewer
+// rows than SMs, a row the row kernel holds (`cached_units` packs or fewer), one no 8 CTAs hold,
+// and one that needs a cluster while the many-row cluster holds it (`cluster_units` packs or
+// fewer), which measured faster there: H200, bf16 256 x 128,256 (4 CTAs a row) 57.6 us against
+// 49.6, f32 1,024 x 32,000 (2 CTAs) 100.4 against 95.0 (docs/perf/gpu-h200-2026-11-30-round30.md).
+inline constexpr int kPipelineMaxStages = 2;
+struct PipelinePlan {
+  int ranks = 0, stages = 0;
+  int64_t seg_units = 0;
+};
+inline PipelinePlan pipeline_plan(int64_t rows, int64_t units, int sms, int64_t cached_units, int64_t cluster_units,
+                                  int64_t smem_bytes, int threads, int units_per_thread) {
+  if (rows < sms || units <= cached_units) return {};
+  for (int ranks = 1; ranks <= 8; ranks *= 2) {
+    const int64_t seg = (units + ranks - 1) / ranks;
+    if (seg > int64_t(threads) * units_per_thread) continue;
+    const int64_t stages = smem_bytes / (seg * 16);
+    if (stages < 2) continue;
+    if (ranks > 1 && units <= cluster_units) return {};
+    return {ranks, int(stages < kPipelineMaxStages ? stages : kPipelineMaxStages), seg};
+  }
+  return {};
+}
 }  // namespace opforge::cuda::softmax

@@ -18,8 +18,9 @@
 //    kCache of its units in registers; rows longer than kCache x row threads units read the rest
 //    again in the output pass (an L2 hit for the rows in flight).
 //  - Few rows (fewer than SMs): Note [few-row softmax cluster], else Note [split softmax rows],
-//    below. Many rows longer than kCache x 256 units (16-byte packs): the same cluster kernel, a
-//    row on up to 8 CTAs (Note [many-row cluster], ops/softmax/cluster_plan.h).
+//    below. Many rows longer than kCache x 256 units (16-byte packs): the forwards stream them
+//    through shared memory (Note [softmax row pipeline], cuda_pipeline.cu), the backwards take the
+//    same cluster kernel, a row on up to 8 CTAs (Note [many-row cluster], cluster_plan.h).
 //  - cuda_vec16 (priority 200) moves 16-byte packs (8 bf16/f16 or 4 f32): needs 16-byte aligned
 //    bases, row lengths and strides multiples of the pack (the predicate says which fails);
 //    cuda (priority 100) walks single elements and accepts any layout the check accepts.
@@ -36,6 +37,7 @@
 
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/softmax/cluster_plan.h"
+#include "ops/softmax/cuda_common.cuh"
 #include "ops/softmax/row_reduce.cuh"
 #include "ops/softmax/softmax_cuda.h"
 
@@ -46,32 +48,7 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace cuda::rows;  // NOLINT: UnitOf, Stats, row_stats, row_sum
 
-enum class Kind { softmax, log_softmax, softmax_backward, log_softmax_backward };
-constexpr bool is_backward(Kind k) { return k == Kind::softmax_backward || k == Kind::log_softmax_backward; }
 constexpr int kCache = 4;  // units kept in registers per thread (a pack is 4 registers)
-
-// The ops' math per element (the header's formulas), one definition for the three kernels:
-// the backward's row-sum term, the forward's output from the row's (max, 1 / sum, log sum), and
-// the backward's output from the row's sum.
-template <Kind kKind> __device__ __forceinline__ float row_term(float g, float y) {
-  return kKind == Kind::softmax_backward ? g * y : g;
-}
-// m2 = m log2(e) (exp_shifted).
-template <class T, Kind kKind>
-__device__ __forceinline__ float forward_out(float x, float m, float m2, float inv_s, float log_s) {
-  return kKind == Kind::softmax ? exp_shifted<T>(x, m, m2) * inv_s : x - m - log_s;
-}
-template <class T, Kind kKind> __device__ __forceinline__ float backward_out(float g, float y, float total) {
-  return kKind == Kind::softmax_backward ? y * (g - total) : g - exp_of<T>(y) * total;
-}
-
-template <class T> struct Args {
-  T* out;        // y (forward) or dx (backward)
-  const T* a;    // x (forward) or dy (backward)
-  const T* b;    // y (backward only)
-  int64_t out_stride, a_stride, b_stride;
-  int64_t rows, n;
-};
 
 template <class T, bool kVec, Kind kKind>
 __global__ void __launch_bounds__(256) softmax_kernel(Args<T> p, int rt) {
@@ -473,6 +450,9 @@ void run(const Context& ctx, const TensorView& out, const TensorView& a, const T
     p.rows = rows;
     p.n = n;
     const int64_t units = n / W;
+    if constexpr (kVec) {
+      if (launch_row_pipeline<T, kKind>(ctx, p, units, props)) return;  // Note [softmax row pipeline]
+    }
     if (launch_few_rows<T, kVec, kKind>(ctx, p, units, props)) return;
     if (int64_t splits = split_count<T, kVec, kKind>(rows, units, props); splits > 1) {
       const int64_t seg_units = (units + splits - 1) / splits;

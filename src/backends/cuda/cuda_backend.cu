@@ -340,10 +340,10 @@ bool cuda::many_row_clusters_enabled() {
   return enabled;
 }
 
-bool cuda::cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem) {
-  if (cuda_device_props(device_index).cc_major < 9) return false;
+int cuda::cluster_max_active(int device_index, const void* kernel, int cluster, int threads, size_t smem) {
+  if (cuda_device_props(device_index).cc_major < 9) return 0;
   static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int, int, size_t>, bool> known;
+  static std::map<std::tuple<int, const void*, int, int, size_t>, int> known;
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(device_index, kernel, cluster, threads, smem);
   if (auto it = known.find(key); it != known.end()) return it->second;
@@ -361,7 +361,11 @@ bool cuda::cluster_launch_fits(int device_index, const void* kernel, int cluster
   int clusters = 0;
   const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
   if (status != cudaSuccess) cudaGetLastError();  // a refusal means "does not fit", not an error
-  return known[key] = status == cudaSuccess && clusters > 0;
+  return known[key] = status == cudaSuccess ? clusters : 0;
+}
+
+bool cuda::cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem) {
+  return cluster_max_active(device_index, kernel, cluster, threads, smem) > 0;
 }
 
 int64_t cuda_workspace_bytes_for(int64_t bytes) {

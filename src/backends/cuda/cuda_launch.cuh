@@ -189,12 +189,14 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
 // launch_cluster launches `kernel` in clusters of `cluster` CTAs along x (grid.x a multiple of
 // it), with programmatic stream serialization added when the device allows it (Note
 // [programmatic launch]; the kernel then starts with programmatic_prologue()).
-// cluster_launch_fits says whether the device can co-schedule one such cluster at all
-// (cudaOccupancyMaxActiveClusters > 0; asked once per device, kernel and shape): a small MIG
-// slice may not, and the caller then takes another path.
+// cluster_max_active is how many such clusters the device holds at once
+// (cudaOccupancyMaxActiveClusters, asked once per device, kernel and shape; 0 before compute
+// capability 9.0 or when it refuses); cluster_launch_fits says whether it holds one at all: a
+// small MIG slice may not, and the caller then takes another path.
 // The few-row cluster kernels (the norm backward's, the softmax family's) also need cluster_rows_enabled(): false
 // when the environment sets OPFORGE_CUDA_CLUSTER_ROWS=0 (read once), for side-by-side timing
 // against the paths they replace.
+int cluster_max_active(int device_index, const void* kernel, int cluster, int threads, size_t smem);
 bool cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem);
 bool cluster_rows_enabled();
 // Note [many-row cluster] (ops/softmax/cluster_plan.h) also needs many_row_clusters_enabled():
