@@ -103,7 +103,8 @@ std::vector<CeSpec> ce_specs() {
   s.push_back({"6x4096_all_ignored_mean", CaseGroup::edge, 6, 4096, "mean", 0, 0, 0, {-100}});
   s.push_back({"3x20008_sum_all_options", CaseGroup::edge, 3, 20008, "sum", 0.1, 1e-3, 20.0, {7, -100, 20007}, -100, 0, 3.0});
   // More rows than a GPU's SMs, each longer than 1,024 16-byte units: the row kernels' long-row
-  // path, rows padded, some ignored, every option.
+  // path (the forward's: Note [cross_entropy row pipeline]), rows padded, some ignored, every
+  // option.
   s.push_back({"140x9000_mean_all_options_pad8", CaseGroup::edge, 140, 9000, "mean", 0.1, 1e-3, 20.0,
                {7, -100, 8999, 0, 4500}, -100, 8, 3.0});
   // Several rows a block in the GPU row kernel (Note [row threads]) with a partial last block.

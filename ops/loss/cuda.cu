@@ -10,7 +10,9 @@
 //    is split over several blocks and their partial statistics merged by a second launch
 //    (Note [split rows]): 16 rows of a 128k vocab then use the whole card, not 16 SMs. With
 //    16-byte packs on compute capability 9.0 a row is one thread-block cluster instead (Note
-//    [few-row cross_entropy cluster]).
+//    [few-row cross_entropy cluster]); where the row kernel would leave SMs without a block, the
+//    rows stream through shared memory instead (Note [cross_entropy row pipeline],
+//    ops/loss/cuda_pipeline.cu).
 //    Reductions run in a fixed order (ops/softmax/row_reduce.cuh), so results are deterministic.
 //  - sum / mean: the per-row losses go to the stream's workspace and one more launch of one
 //    block adds them in a fixed order (Note [loss row reduction]: strided f64 sums, then a tree), and
@@ -37,6 +39,7 @@
 #include <cooperative_groups.h>
 
 #include "backends/cuda/cuda_launch.cuh"
+#include "ops/loss/ce_forward.cuh"
 #include "ops/loss/loss_cuda.cuh"
 #include "ops/loss/loss_cuda.h"
 #include "ops/softmax/cluster_plan.h"
@@ -52,98 +55,7 @@ using namespace cuda::rows;  // NOLINT: UnitOf, Stats, row_stats, row_sum
 enum class Red { none, sum, mean };
 Red red_of(std::string_view r) { return r == "none" ? Red::none : r == "sum" ? Red::sum : Red::mean; }
 
-struct Options {
-  int64_t ignore_index;
-  float smoothing, z_scale, softcap;  // z_scale: lse_square_scale
-};
-__device__ __forceinline__ float cap(float x, float softcap) {
-  return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
-}
-
-template <class T> struct ForwardArgs {
-  const T* logits;
-  int64_t logits_stride, rows, vocab;
-  const int64_t* target;
-  int64_t target_stride;
-  float* loss;  // [rows] (none) or the workspace (sum / mean)
-  int64_t loss_stride;
-  float* lse;
-  int64_t lse_stride;
-  Options o;
-};
-
 constexpr int kSplitBlock = 256;  // threads of a split-row block (Note [split rows])
-
-// One thread's share of a row: units u, u + step, ... below `end`, softcap applied, into the
-// online (max, sum of exp) and sum(z). Four loads are issued before the first is used, so a
-// thread keeps four 16-byte requests in flight instead of waiting out each one (what bounds a
-// row scan when a block has only a few units per thread). kGuardedTail: the last, partial batch
-// too (split rows, where a thread has only a few units); else the tail goes one unit at a time,
-// which measured faster for long per-thread loops (cross_entropy at 1024 rows of a 128k vocab on
-// an H100: 100.5 vs 107 us). The order of the adds is the order of u either way.
-template <class T, bool kVec, bool kGuardedTail>
-__device__ __forceinline__ void scan_units(const T* x, int64_t u, int64_t end, int64_t step, float softcap,
-                                           Stats& st, float& sum_z) {
-  using U = UnitOf<T, kVec>;
-  constexpr int W = U::width, kInFlight = 4;
-  auto consume = [&](const typename U::Raw& raw) {
-    typename U::Floats z = U::widen(raw);
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-      z.v[j] = cap(z.v[j], softcap);
-      sum_z += z.v[j];
-    }
-    st = add_unit<T>(st, z.v);
-  };
-  for (; u + (kInFlight - 1) * step < end; u += kInFlight * step) {
-    typename U::Raw raw[kInFlight];
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) raw[k] = U::load(x + (u + k * step) * W);
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) consume(raw[k]);
-  }
-  if constexpr (kGuardedTail) {
-    if (u < end) {  // the last, partial batch: guarded loads, still issued together
-      typename U::Raw raw[kInFlight - 1];
-#pragma unroll
-      for (int k = 0; k < kInFlight - 1; ++k)
-        if (u + k * step < end) raw[k] = U::load(x + (u + k * step) * W);
-#pragma unroll
-      for (int k = 0; k < kInFlight - 1; ++k)
-        if (u + k * step < end) consume(raw[k]);
-    }
-  } else {
-    for (; u < end; u += step) consume(U::load(x + u * W));
-  }
-}
-
-// A row's target and its (softcapped) logit; zt is NaN when the target is out of range, 0 when
-// the row is ignored.
-template <class T>
-__device__ __forceinline__ void load_target(const ForwardArgs<T>& p, int64_t row, int64_t& t, float& zt) {
-  t = p.target[row * p.target_stride];
-  zt = t == p.o.ignore_index ? 0.0f
-       : (t < 0 || t >= p.vocab) ? NAN
-                                 : cap(to_f32(p.logits[row * p.logits_stride + t]), p.o.softcap);
-}
-
-// A row's lse and loss from its statistics and target (one thread).
-template <class T>
-__device__ __forceinline__ float finish_row(const ForwardArgs<T>& p, int64_t row, Stats st, float sum_z, int64_t t,
-                                            float zt) {
-  const float lse = st.m + logf(st.s);
-  p.lse[row * p.lse_stride] = lse;
-  float loss = 0.0f;
-  if (t != p.o.ignore_index) {
-    const float eps = p.o.smoothing / float(p.vocab);
-    loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.z_scale * lse * lse;
-    // The smoothing terms only with smoothing, as the reference adds them: masked (-inf) logits
-    // make sum_z -inf, and 0 * -inf would turn such a row's loss NaN.
-    if (p.o.smoothing > 0.0f) loss += p.o.smoothing * lse - eps * sum_z;
-  }
-  p.loss[row * p.loss_stride] = loss;
-  return loss;
-}
 
 // Note [row threads]: the row kernel gives a row the fewest threads (a power of two, 32 to 256)
 // that leave each at most kRowUnits units. 32 rather than 8 halves the blocks where rows are
@@ -183,6 +95,10 @@ __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) 
 // card idle and each thread waits out dozens of dependent loads. Then a row is cut into `splits`
 // segments of `seg_units` units, one block of 256 threads each, which leave (max, sum of exp,
 // sum z) per segment in the workspace; the last block to finish merges them (finish_split_rows).
+template <class T>
+__device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const float* partials, int red,
+                                  float* reduced);
+
 template <class T, bool kVec>
 __global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, int64_t splits, int64_t seg_units,
                                                             float* partials, unsigned* arrivals, int red,
@@ -566,6 +482,9 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     const int64_t rows_per_block = block / rt;
     const int64_t max_blocks = int64_t(props.sm_count) * (2048 / block) * 4;
     const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, max_blocks);
+    if constexpr (kVec) {
+      if (launch_forward_pipeline(ctx, p, units, blocks)) return;  // Note [cross_entropy row pipeline]
+    }
     launch_programmatic(ctx, "cross_entropy kernel launch", forward_kernel<T, kVec>, dim3(unsigned(blocks)),
                         dim3(block), 0, p, rt);
   });

@@ -83,10 +83,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   programmatic_prologue();  // Note [programmatic launch]
 
   // Thread 0: the bulk copy of this CTA's segment of `row` into stage s (none past the rows).
-  auto issue = [&](int64_t row, int s) {
-    if (row >= p.rows) return;
-    bulk_expect(&full[s], seg_bytes);
-    bulk_copy(ring + size_t(s) * stage_bytes, p.a + row * p.a_stride + begin * W, seg_bytes, &full[s]);
+  auto issue = [&](int64_t row, int s) {  // Note [row ring]
+    if (row < p.rows) ring_fill(ring + size_t(s) * stage_bytes, p.a + row * p.a_stride + begin * W, seg_bytes, &full[s]);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) bulk_barrier_init(&full[s]);
@@ -94,11 +92,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
 
-  int s = 0;
-  unsigned parity = 0, turn = 0;
+  RingCursor at;
+  unsigned turn = 0;
   for (int64_t row = first; row < p.rows; row += clusters, ++turn) {  // uniform over the cluster
-    bulk_wait(&full[s], parity);
-    const unsigned char* stage = ring + size_t(s) * stage_bytes;
+    bulk_wait(&full[at.stage], at.parity);
+    const unsigned char* stage = ring + size_t(at.stage) * stage_bytes;
     float v[kUnits][W];
 #pragma unroll
     for (int c = 0; c < kUnits; ++c) {
@@ -112,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float thread_max = st.m;
     st = row_stats<T>(st, kThreads, stats_scratch);
     // Every thread's reads of the stage precede the reduction's barriers: refill it.
-    if (threadIdx.x == 0) issue(row + int64_t(stages) * clusters, s);
+    if (threadIdx.x == 0) issue(row + int64_t(stages) * clusters, at.stage);
     Stats total = st;
     if (ranks > 1) {
       if (threadIdx.x == 0) part[turn & 1u] = st;
@@ -134,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         y.v[j] = kKeepExp ? v[c][j] * scale : forward_out<T, kKind>(v[c][j], total.m, m2, inv_s, log_s);
       store_pack_streaming(out + int64_t(u) * W, narrow_pack<T>(y));  // Note [streaming stores]
     }
-    if (++s == stages) s = 0, parity ^= 1u;
+    ring_advance(at, stages);
   }
   if (ranks > 1) cluster.sync();  // no CTA leaves while another may still read its partials
 }

@@ -279,6 +279,25 @@ __device__ __forceinline__ void bulk_wait(uint64_t* bar, unsigned parity) {
   } while (!done);
 }
 
+// Note [row ring]: resident blocks walking rows keep a ring of `stages` shared-memory buffers,
+// each with its mbarrier (full[s]): thread 0 initialises the barriers and fills the first stages
+// (ring_fill: one bulk copy of a row's bytes, Note [bulk copies]); a block barrier follows before
+// anyone waits. For each row, every thread waits on its stage with the cursor's parity, and once
+// every thread's reads of the stage are behind a block barrier thread 0 refills it with the row
+// `stages` rows ahead; ring_advance moves the cursor (the parity flips each time the ring wraps).
+// Used by Note [softmax row pipeline] and Note [cross_entropy row pipeline].
+struct RingCursor {
+  int stage = 0;
+  unsigned parity = 0;
+};
+__device__ __forceinline__ void ring_fill(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  bulk_expect(bar, bytes);
+  bulk_copy(dst, src, bytes, bar);
+}
+__device__ __forceinline__ void ring_advance(RingCursor& c, int stages) {
+  if (++c.stage == stages) c.stage = 0, c.parity ^= 1u;
+}
+
 // Grid size for `work` items of `per_block` each, capped at the grid's x limit (kernels loop).
 inline unsigned grid_for(int64_t work, int64_t per_block) {
   int64_t blocks = (work + per_block - 1) / per_block;
