@@ -94,15 +94,7 @@ bool launch_forward_pipeline(const Context& ctx, const ForwardArgs<T>& p, int64_
       row_kernel_blocks >= props.sm_count)
     return false;
   auto kernel = forward_pipeline_kernel<T>;
-  // The most dynamic shared memory a block may take (its static part aside); the limit is raised
-  // to it once.
-  static const int64_t room = [&] {
-    cudaFuncAttributes attr{};
-    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    const int64_t most = props.shared_per_block_optin - int64_t(attr.sharedSizeBytes);
-    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
-    return most;
-  }();
+  static const int64_t room = dynamic_smem_room(reinterpret_cast<const void*>(kernel), props);
   const int64_t smem = kPipeStages * units * 16;
   if (smem > room) return false;
   // Blocks resident on the device at this shape (one an SM where two stages take most of its

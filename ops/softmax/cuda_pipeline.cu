@@ -140,15 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <class T, Kind kKind, int kThreads, int kUnits>
 bool launch_with(const Context& ctx, const Args<T>& p, int64_t units, const CudaDeviceProps& props) {
   auto kernel = softmax_pipeline_kernel<T, kKind, kThreads, kUnits>;
-  // The most dynamic shared memory a block of this kernel may take (its static part aside);
-  // the limit is raised to it once.
-  static const int64_t room = [&] {
-    cudaFuncAttributes attr{};
-    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    const int64_t most = props.shared_per_block_optin - int64_t(attr.sharedSizeBytes);
-    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
-    return most;
-  }();
+  static const int64_t room = dynamic_smem_room(reinterpret_cast<const void*>(kernel), props);
   static const int stages = env_choice("OPFORGE_CUDA_SOFTMAX_PIPELINE_STAGES", 2, 4);  // tuning
   // Rows the row kernel keeps in registers stay there (kCache x 256 packs, cuda.cu), and rows the
   // many-row cluster holds on 2 to 8 CTAs of 8 packs a thread go there unless one CTA takes them.

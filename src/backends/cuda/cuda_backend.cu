@@ -364,6 +364,14 @@ int cuda::cluster_max_active(int device_index, const void* kernel, int cluster, 
   return known[key] = status == cudaSuccess ? clusters : 0;
 }
 
+int64_t cuda::dynamic_smem_room(const void* kernel, const CudaDeviceProps& props) {
+  cudaFuncAttributes attr{};
+  OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int64_t most = props.shared_per_block_optin - int64_t(attr.sharedSizeBytes);
+  OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+  return most;
+}
+
 bool cuda::cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem) {
   return cluster_max_active(device_index, kernel, cluster, threads, smem) > 0;
 }

@@ -197,6 +197,10 @@ void launch_programmatic(const Context& ctx, const char* what, void (*kernel)(Pa
 // when the environment sets OPFORGE_CUDA_CLUSTER_ROWS=0 (read once), for side-by-side timing
 // against the paths they replace.
 int cluster_max_active(int device_index, const void* kernel, int cluster, int threads, size_t smem);
+// The most dynamic shared memory a block of `kernel` may take on the device (the opt-in limit
+// less the kernel's static shared memory), with the kernel's limit raised to it; the ring kernels
+// (Note [row ring]) ask once (static).
+int64_t dynamic_smem_room(const void* kernel, const CudaDeviceProps& props);
 bool cluster_launch_fits(int device_index, const void* kernel, int cluster, int threads, size_t smem);
 bool cluster_rows_enabled();
 // Note [many-row cluster] (ops/softmax/cluster_plan.h) also needs many_row_clusters_enabled():
