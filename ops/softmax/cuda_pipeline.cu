@@ -137,28 +137,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (ranks > 1) cluster.sync();  // no CTA leaves while another may still read its partials
 }
 
-template <class T, Kind kKind, int kThreads, int kUnits>
-bool launch_with(const Context& ctx, const Args<T>& p, int64_t units, const CudaDeviceProps& props) {
-  auto kernel = softmax_pipeline_kernel<T, kKind, kThreads, kUnits>;
-  static const int64_t room = dynamic_smem_room(reinterpret_cast<const void*>(kernel), props);
-  static const int stages = env_choice("OPFORGE_CUDA_SOFTMAX_PIPELINE_STAGES", 2, 4);  // tuning
-  // Rows the row kernel keeps in registers stay there (kCache x 256 packs, cuda.cu), and rows the
-  // many-row cluster holds on 2 to 8 CTAs of 8 packs a thread go there unless one CTA takes them.
-  constexpr int64_t kRowKernelUnits = 4 * 256, kClusterUnits = 8 * int64_t(kClusterThreads) * 8;
-  PipelinePlan plan =
-      pipeline_plan(p.rows, units, props.sm_count, kRowKernelUnits, kClusterUnits, room, kThreads, kUnits);
-  if (plan.ranks == 0) return false;
-  if (stages) plan.stages = int(std::min<int64_t>(stages, room / (plan.seg_units * 16)));
-  const size_t smem = size_t(plan.stages) * size_t(plan.seg_units) * 16u;
-  const int fit =
-      cluster_max_active(ctx.device.index, reinterpret_cast<const void*>(kernel), plan.ranks, kThreads, smem);
-  if (fit < 1) return false;
-  const int64_t clusters = std::min<int64_t>(p.rows, fit);
-  launch_cluster(ctx, "softmax row pipeline launch", kernel, dim3(unsigned(clusters * plan.ranks)), dim3(kThreads),
-                 smem, plan.ranks, p, plan.seg_units, plan.stages);
-  return true;
-}
-
 }  // namespace
 
 template <class T, Kind kKind>
@@ -168,7 +146,25 @@ bool launch_row_pipeline(const Context& ctx, const Args<T>& p, int64_t units, co
   } else {
     static const bool off = env_off("OPFORGE_CUDA_SOFTMAX_PIPELINE");
     if (off || props.cc_major < 9 || !many_row_clusters_enabled()) return false;
-    return launch_with<T, kKind, kPipeThreads, kPipeUnits>(ctx, p, units, props);
+    auto kernel = softmax_pipeline_kernel<T, kKind, kPipeThreads, kPipeUnits>;
+    static const int64_t room = dynamic_smem_room(reinterpret_cast<const void*>(kernel), props);
+    static const int stages = env_choice("OPFORGE_CUDA_SOFTMAX_PIPELINE_STAGES", 2, 4);  // tuning
+    // Rows the row kernel keeps in registers stay there (kCache x 256 packs, cuda.cu), and rows
+    // the many-row cluster holds on 2 to 8 CTAs of 8 packs a thread go there unless one CTA takes
+    // them.
+    constexpr int64_t kRowKernelUnits = 4 * 256, kClusterUnits = 8 * int64_t(kClusterThreads) * 8;
+    PipelinePlan plan = pipeline_plan(p.rows, units, props.sm_count, kRowKernelUnits, kClusterUnits, room,
+                                      kPipeThreads, kPipeUnits);
+    if (plan.ranks == 0) return false;
+    if (stages) plan.stages = int(std::min<int64_t>(stages, room / (plan.seg_units * 16)));
+    const size_t smem = size_t(plan.stages) * size_t(plan.seg_units) * 16u;
+    const int fit =
+        cluster_max_active(ctx.device.index, reinterpret_cast<const void*>(kernel), plan.ranks, kPipeThreads, smem);
+    if (fit < 1) return false;
+    const int64_t clusters = std::min<int64_t>(p.rows, fit);
+    launch_cluster(ctx, "softmax row pipeline launch", kernel, dim3(unsigned(clusters * plan.ranks)),
+                   dim3(kPipeThreads), smem, plan.ranks, p, plan.seg_units, plan.stages);
+    return true;
   }
 }
 
