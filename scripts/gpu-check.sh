@@ -323,7 +323,7 @@ if [[ $built -eq 1 ]]; then
      grep -q '"t16384xi14336"' "$OUT/bench.json"; then
     compare_args+=(--bench-json "$OUT/bench.json")
   fi
-  # 420 s: torch.compile compiles every op and shape first; with the attention points the step ran
+  # 420 s: torch.compile compiles every op and shape first; with its attention collects the step ran
   # past 300 s on an H200 (2026-11-30).
   run_step compare_torch "$COMPARE_LOG" 420 env PYTHONUNBUFFERED=1 python3 scripts/compare-torch-gpu.py "${compare_args[@]}"
   # cross_entropy and fused_linear_cross_entropy forward + backward at a training step's shape.
