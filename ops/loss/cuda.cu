@@ -188,7 +188,9 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
 // thread per rank), thread 0 merges them in rank order and finishes the row (lse, loss), its
 // target and target logit loaded while the row was. sum / mean: the rows' rank-0 CTAs arrive on
 // the stream's barrier word (Note [last block]) and the last one adds the rows' losses (Note
-// [loss row reduction]). One launch, no workspace for partials, the same bits every run.
+// [loss row reduction]); a mean's kept rows are counted by every rank-0 CTA from labels loaded
+// with the row, so the last one reads only the losses after it arrives. One launch, no workspace
+// for partials, the same bits every run.
 // Only below the SM count: with more rows the cluster a row (Note [many-row cluster]) was 2.1-2.3x
 // slower than the row kernel on an H200 (bf16 1,024 x 128,256: 145 against 70 us; 8,192 x
 // 128,256: 1,126 against 481), unlike the softmax family's.
@@ -221,6 +223,11 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2)
   int64_t t = 0;
   float zt = 0.0f;
   if (finisher) load_target(p, row, t, zt);  // in flight with the row
+  // A mean's kept rows, counted by the rank-0 CTAs from labels loaded now (one a thread: rows <=
+  // kThreads here), so that the last CTA's reduction reads only the losses after its arrival.
+  const bool count_here = reduce.out != nullptr && reduce.divide && reduce.labels != nullptr && p.rows <= kThreads;
+  const bool kept_mine = count_here && rank == 0 && threadIdx.x < p.rows &&
+                         reduce.labels[int64_t(threadIdx.x) * reduce.labels_stride] != reduce.ignore_index;
   // Units past the row's end hold -inf (exp 0) after the softcap too; sum z adds in-row units only
   // (a masked -inf logit makes it -inf, as in the reference).
   float v[kUnits][W], zs[kUnits];
@@ -256,7 +263,10 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2)
         for (unsigned r = 0; r < ranks; ++r) sum_z += parts_z[r];
       finish_row(p, row, merge_all<T>(parts, int(ranks)), sum_z, t, zt);
     }
-    if (reduce.out != nullptr && last_block_arrives(arrivals, unsigned(p.rows))) reduce_rows_in_block<kThreads>(reduce);
+    if (reduce.out != nullptr) {
+      const float kept = count_here ? float(__syncthreads_count(kept_mine)) : -1.0f;
+      if (last_block_arrives(arrivals, unsigned(p.rows))) reduce_rows_in_block<kThreads>(reduce, kept);
+    }
     __syncwarp();
   }
   cluster_wait();  // no CTA leaves while rank 0 may still read its `part`

@@ -20,6 +20,14 @@
 //    another's arithmetic and a third's stores. OPFORGE_CE_GRAD_CLUSTER=1..8 forces a size.
 //  - Note [ce with grad, exp once]: without a softcap, the packed kernel keeps each element's
 //    exp(z - max) in shared memory in place of z, so the gradient is one FFMA an element.
+//  - Note [ce with grad, few rows]: up to 64 rows the plan's clusters leave most SMs idle (16 rows
+//    of 32,000 bf16: 16 CTAs) and the launches around the kernel cost more than its traffic. There
+//    the clusters take up to 8 CTAs, as many as fill the SMs (plan_for); a mean's kept rows are
+//    counted by every CTA (one target a thread, __syncthreads_count) instead of by a launch before
+//    it; and sum / mean's row losses are added by the rank-0 CTA of the last row to arrive (Note
+//    [last block]) instead of by a launch after it: one launch in all. Few short rows without
+//    options still run faster as the two kernels (two_passes_faster), and take them.
+//    OPFORGE_CE_GRAD_FEW_ROWS=0 turns all this off (side-by-side timing).
 //  - A CTA's threads own fixed units of the slice (unit u of thread t: u = t + k * 256) for the
 //    copy, the statistics and the gradient, so each thread reads back only what it copied itself:
 //    cp.async.wait_all (wait_group per quarter in the exp-once kernel) orders that, and no block
@@ -32,8 +40,9 @@
 //    (from the unrounded lse, which the separate ops read back as f32: the same value).
 //  - Upstream gradient on the device: g = dloss[row] (none), dloss[0] (sum), dloss[0] / kept rows
 //    (mean: a one-block launch counts the kept rows into the workspace first, as
-//    cross_entropy_backward does). sum / mean: the per-row losses go to the workspace and Note
-//    [loss row reduction] adds them in one more launch. No host synchronization anywhere.
+//    cross_entropy_backward does; few rows: each CTA counts). sum / mean: the per-row losses go to
+//    the workspace and Note [loss row reduction] adds them in one more launch (few rows: in the
+//    same launch). No host synchronization anywhere.
 //  - cuda_cluster_vec16 (priority 300): 16-byte packs, needs aligned bases, V and row strides
 //    multiples of the pack for logits and dlogits; cuda_cluster (200): single elements (plain
 //    loads staged through registers, four in flight a thread), any layout; cuda (100):
@@ -98,6 +107,11 @@ template <class T, class TOut = T> struct FusedArgs {
   int64_t lse_stride;
   int64_t ignore_index;
   float smoothing, z_scale, softcap;
+  // Note [ce with grad, few rows]: mean's kept rows counted by every CTA (kept null), and sum /
+  // mean's row losses added by the last row to arrive on `arrivals` (reduce.out non-null).
+  bool count_in_block = false;
+  unsigned* arrivals = nullptr;
+  RowReduce reduce{};
 };
 
 // The row statistics a CTA leaves for its cluster.
@@ -176,6 +190,8 @@ struct RowScalars {
   int64_t row, t;
   unsigned rank;
   bool ignored, writer;  // writer: rank 0, thread 0 writes the row's lse and loss
+  bool kept_mine;        // count_in_block: whether row threadIdx.x exists and is kept
+  float kept_count;      // count_in_block: the kept rows (count_kept); else -1
   float zt, g;           // z[target] (writer only) and the upstream gradient
 };
 template <class P>
@@ -185,8 +201,10 @@ __device__ __forceinline__ RowScalars row_scalars(const P& p, float softcap) {
   r.rank = cluster.block_rank();
   const unsigned ranks = cluster.num_blocks();
   r.row = int64_t(blockIdx.y) * (gridDim.x / ranks) + blockIdx.x / ranks;
-  r.t = 0, r.ignored = true, r.writer = false, r.zt = 0.0f, r.g = 0.0f;
+  r.t = 0, r.ignored = true, r.writer = false, r.kept_mine = false, r.kept_count = -1.0f, r.zt = 0.0f, r.g = 0.0f;
   if (r.row >= p.rows) return r;
+  if (p.count_in_block)  // loaded now, counted after the row's statistics (count_kept)
+    r.kept_mine = threadIdx.x < p.rows && p.target[int64_t(threadIdx.x) * p.target_stride] != p.ignore_index;
   r.t = p.target[r.row * p.target_stride];
   r.ignored = r.t == p.ignore_index;
   const bool bad = !r.ignored && (r.t < 0 || r.t >= p.vocab);
@@ -198,6 +216,21 @@ __device__ __forceinline__ RowScalars row_scalars(const P& p, float softcap) {
     if (bad) r.g = NAN;
   }
   return r;
+}
+
+// Note [ce with grad, few rows]: the upstream gradient of a mean divided by the kept rows counted
+// in this CTA (every thread takes part: a barrier), from the targets row_scalars loaded.
+template <class P> __device__ __forceinline__ void count_kept(const P& p, RowScalars& r) {
+  if (!p.count_in_block) return;  // uniform over the launch
+  r.kept_count = float(__syncthreads_count(r.kept_mine));
+  if (!r.ignored) r.g /= r.kept_count;
+}
+
+// Note [ce with grad, few rows]: sum / mean's row losses added in this launch by the rank-0 CTA of
+// the last row to arrive (Note [last block]); every thread of every CTA calls it.
+template <class P> __device__ __forceinline__ void reduce_if_last(const P& p, const RowScalars& r) {
+  if (p.reduce.out == nullptr || r.rank != 0) return;  // uniform over the CTA
+  if (last_block_arrives(p.arrivals, unsigned(p.rows))) reduce_rows_in_block<kThreads>(p.reduce, r.kept_count);
 }
 
 // The cluster's half of a row (every thread of every CTA calls it, once the block's statistics
@@ -278,8 +311,9 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_cluster_kernel(FusedArg
   __shared__ float sum_scratch[kThreads / 32];
   __shared__ Partial partial;  // this CTA's statistics, read by every CTA of the cluster
   __shared__ float row_lse;
+  programmatic_prologue();  // Note [programmatic launch]
   const float softcap = kPlain ? 0.0f : p.softcap, smoothing = kPlain ? 0.0f : p.smoothing;
-  const RowScalars r = row_scalars(p, softcap);
+  RowScalars r = row_scalars(p, softcap);
   if (r.row >= p.rows) return;  // the whole cluster: its CTAs share the row
   const int64_t units = p.vocab / W;
   const int64_t begin = int64_t(r.rank) * slice_units;
@@ -293,6 +327,7 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_cluster_kernel(FusedArg
   if (smoothing > 0.0f) sum_z = row_sum(sum_z, kThreads, sum_scratch);
   const float lse = cluster_row_lse(p, r, Partial{st.m, st.s, sum_z}, partial, row_lse, smoothing);
   const float lse2 = lse * kLog2e;
+  count_kept(p, r);
 
   T* out = p.dlogits + r.row * p.dlogits_stride + begin * W;
   typename U::Floats d;
@@ -316,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_cluster_kernel(FusedArg
       U::store(out + u * W, d);
     }
   }
+  reduce_if_last(p, r);
   cluster_wait();  // no CTA leaves while another may still read its `partial`
 }
 
@@ -414,8 +450,9 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T
   __shared__ float sum_scratch[kThreads / 32];
   __shared__ Partial partial;
   __shared__ float row_lse;
+  programmatic_prologue();  // Note [programmatic launch]
   const float smoothing = p.smoothing;
-  const RowScalars r = row_scalars(p, 0.0f);
+  RowScalars r = row_scalars(p, 0.0f);
   if (r.row >= p.rows) return;
   const int64_t units = p.vocab / W;
   const int64_t begin = int64_t(r.rank) * slice_units;
@@ -468,6 +505,7 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T
   st = row_stats<T>(st, kThreads, stats_scratch);
   if (smoothing > 0.0f) sum_z = row_sum(sum_z, kThreads, sum_scratch);
   const float lse = cluster_row_lse(p, r, Partial{st.m, st.s, sum_z}, partial, row_lse, smoothing);
+  count_kept(p, r);
 
   TOut* out = p.dlogits + r.row * p.dlogits_stride + begin * W;
   if (r.ignored) {
@@ -498,6 +536,7 @@ __global__ void __launch_bounds__(kThreads, 3) with_grad_once_kernel(FusedArgs<T
       }
     }
   }
+  reduce_if_last(p, r);
   cluster_wait();
 }
 
@@ -560,13 +599,48 @@ int forced_cluster() {
 constexpr int64_t kSmemMargin = 2048;
 int64_t smem_budget(const CudaDeviceProps& props) { return props.shared_per_block_optin - kSmemMargin; }
 
+// Note [ce with grad, few rows]: up to this many rows (a block's threads count their targets) the
+// count and reduction launches are left out, and the clusters grow to fill the SMs.
+constexpr int64_t kFewRows = 64;
+bool few_rows(int64_t rows) {
+  static const bool off = env_off("OPFORGE_CE_GRAD_FEW_ROWS");
+  return !off && rows > 0 && rows <= kFewRows;
+}
+
+// Note [ce with grad, few rows]: few short rows without a softcap or label smoothing run faster as
+// cross_entropy's few-row cluster kernel then cross_entropy_backward's streaming kernel than as
+// this file's one-read cluster kernel, whose fixed costs (staging through shared memory, the
+// cluster barrier, the last row's reduction) outweigh the second read there. H200, bf16, us, two
+// kernels / one-read cluster: 16 x 4,096 4.10 / 5.25, 24 x 20,000 4.77 / 5.88, 12 x 5,000 6.15 /
+// 6.82, 16 x 32,000 7.53 / 7.91; but 16 x 128,256 10.41 / 10.26 and 16 x 32,000 with every option
+// 12.01 / 9.62 (docs/perf/gpu-h200-2026-11-30-round32.md).
+constexpr int64_t kTwoPassMaxElements = int64_t(1) << 20;
+bool two_passes_faster(int64_t rows, int64_t vocab, double label_smoothing, double softcap) {
+  return few_rows(rows) && forced_cluster() == 0 && label_smoothing == 0.0 && softcap == 0.0 &&
+         rows * vocab <= kTwoPassMaxElements;
+}
+
 // The plan for a call: three CTAs an SM when the slices allow (a third of the SM's shared memory
-// less the 1 KiB the system keeps per CTA and the kernel's static arrays), at most smem_budget.
+// less the 1 KiB the system keeps per CTA and the kernel's static arrays), at most smem_budget;
+// with few rows (Note [ce with grad, few rows]) clusters of up to 8 CTAs, as many as leave no SM
+// without a CTA (16 rows: 8 CTAs a row rather than 1 at 32,000 bf16, 4 at 128,256).
 CeGradClusterPlan plan_for(const TensorView& logits, bool vec) {
   const CudaDeviceProps& props = cuda_device_props(logits.device.index);
   const int64_t unit = vec ? 16 / logits.itemsize() : 1;
-  return ce_grad_cluster_plan(logits.size(1), logits.itemsize(), unit, props.cc_major, smem_budget(props),
-                              props.shared_per_sm / 3 - kSmemMargin, forced_cluster());
+  auto plan_of = [&](int forced) {
+    return ce_grad_cluster_plan(logits.size(1), logits.itemsize(), unit, props.cc_major, smem_budget(props),
+                                props.shared_per_sm / 3 - kSmemMargin, forced);
+  };
+  CeGradClusterPlan plan = plan_of(forced_cluster());
+  const int64_t rows = logits.size(0);
+  if (plan.cluster > 0 && forced_cluster() == 0 && few_rows(rows)) {
+    const int fill = int(std::clamp<int64_t>(int64_t(props.sm_count) / rows, 1, kMaxCluster));
+    if (fill > plan.cluster) {
+      const CeGradClusterPlan wider = plan_of(fill);
+      if (wider.cluster == fill) plan = wider;
+    }
+  }
+  return plan;
 }
 
 // cross_entropy then cross_entropy_backward (their vec16 kernels when the layouts allow), reading
@@ -596,6 +670,7 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
   DeviceGuard guard(ctx.device.index);
   const CeGradClusterPlan plan = plan_for(logits, kVec);
   if (plan.cluster == 0) return fallback();  // the predicate has said why; reached only by direct calls
+  if (two_passes_faster(rows, vocab, label_smoothing, softcap)) return fallback();
   const Red red = red_of(reduction);
   const int64_t budget = smem_budget(cuda_device_props(ctx.device.index));
   dispatch_float(logits.dtype, "cross_entropy_with_grad", [&](auto tag) {
@@ -609,12 +684,13 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
       kernel = softcap == 0.0 && label_smoothing == 0.0 ? &with_grad_cluster_kernel<T, false, true>
                                                         : &with_grad_cluster_kernel<T, false, false>;
     if (!cluster_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan, budget)) return fallback();
-    cudaStream_t stream = stream_of(ctx);
-    // Workspace: the kept-row count (mean), then the per-row losses (sum / mean).
-    const int64_t count_bytes = red == Red::mean ? 16 : 0;
+    // Workspace: the kept-row count (mean, unless counted in the CTAs), then the per-row losses
+    // (sum / mean).
+    const bool few = few_rows(rows);
+    const int64_t count_bytes = red == Red::mean && !few ? 16 : 0;
     const int64_t loss_bytes = red == Red::none ? 0 : rows * int64_t(sizeof(float));
     char* ws = count_bytes + loss_bytes > 0 ? static_cast<char*>(cuda_workspace(ctx, count_bytes + loss_bytes)) : nullptr;
-    float* kept = red == Red::mean ? reinterpret_cast<float*>(ws) : nullptr;
+    float* kept = count_bytes > 0 ? reinterpret_cast<float*>(ws) : nullptr;
     float* per_row = red == Red::none ? loss.ptr<float>() : reinterpret_cast<float*>(ws + count_bytes);
     if (kept) {
       RowReduce r;
@@ -633,21 +709,22 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.ignore_index = ignore_index;
     p.smoothing = float(label_smoothing), p.z_scale = float(lse_square_scale), p.softcap = float(softcap);
+    RowReduce reduce;
+    if (red != Red::none) {
+      reduce.losses = per_row, reduce.rows = rows, reduce.labels = target.ptr<int64_t>();
+      reduce.labels_stride = stride0(target), reduce.ignore_index = ignore_index, reduce.divide = red == Red::mean;
+      reduce.out = loss.ptr<float>();
+    }
+    if (few) {  // Note [ce with grad, few rows]
+      p.count_in_block = red == Red::mean;
+      if (red != Red::none) p.arrivals = cuda_grid_barrier(ctx), p.reduce = reduce;
+    }
     const int64_t slice_units = plan.slice / UnitOf<T, kVec>::width;
     const int64_t clusters_x = std::min<int64_t>(rows, (int64_t(1) << 31) / kMaxCluster);
-    ClusterLaunch launch(plan, dim3(unsigned(clusters_x * plan.cluster), unsigned((rows + clusters_x - 1) / clusters_x)),
-                         stream);
-    const cudaError_t status = cudaLaunchKernelEx(&launch.config, kernel, p, slice_units);
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      throw_cuda_error("cross_entropy_with_grad cluster kernel launch", status);
-    }
-    if (red != Red::none) {
-      RowReduce r;
-      r.losses = per_row, r.rows = rows, r.labels = target.ptr<int64_t>(), r.labels_stride = stride0(target);
-      r.ignore_index = ignore_index, r.divide = red == Red::mean, r.out = loss.ptr<float>();
-      launch_row_reduce(ctx, r, "cross_entropy_with_grad reduction launch");
-    }
+    launch_cluster(ctx, "cross_entropy_with_grad cluster kernel launch", kernel,
+                   dim3(unsigned(clusters_x * plan.cluster), unsigned((rows + clusters_x - 1) / clusters_x)),
+                   dim3(unsigned(kThreads)), size_t(plan.smem_bytes), plan.cluster, p, slice_units);
+    if (red != Red::none && !few) launch_row_reduce(ctx, reduce, "cross_entropy_with_grad reduction launch");
   });
 }
 

@@ -75,9 +75,13 @@ struct RowReduce {
 // The reduction of Note [loss row reduction] run by one block of kThreads threads (a power of two,
 // blockDim.x == kThreads): by reduce_kernel (ops/loss/cuda.cu) and by the last block of a kernel
 // that wrote the losses in the same launch (Note [last block]; the losses are read with __ldcg).
-template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r) {
+// known_kept >= 0: the caller has counted the kept rows already (its block's threads loaded the
+// labels before the losses were written), so the labels are not read again here.
+template <int kThreads> __device__ void reduce_rows_in_block(const RowReduce& r, float known_kept = -1.0f) {
   double s = 0, c = 0;
-  if (r.labels == nullptr) {
+  if (known_kept >= 0.0f) {
+    c = threadIdx.x == 0 ? double(known_kept) : 0.0;
+  } else if (r.labels == nullptr) {
     c = threadIdx.x == 0 ? double(r.rows) : 0.0;
   } else {
     for (int64_t i = threadIdx.x; i < r.rows; i += kThreads) c += r.labels[i * r.labels_stride] != r.ignore_index ? 1.0 : 0.0;
