@@ -267,6 +267,34 @@ TEST(CrossEntropyWithGrad, ClusterPlan) {
   EXPECT_EQ(ce_grad_cluster_plan(128256, 2, 8, 9, optin, target, 1).cluster, 4);  // 256 KB > opt-in
 }
 
+TEST(CrossEntropyWithGrad, FewRowRules) {
+  // Clusters grow to fill 132 SMs up to 64 rows, at most 8 CTAs, never below the plan's size.
+  EXPECT_EQ(ce_grad_few_row_cluster(16, 132, 1), 8);   // bf16 32,000: 16 CTAs -> 128
+  EXPECT_EQ(ce_grad_few_row_cluster(16, 132, 4), 8);   // bf16 128,256
+  EXPECT_EQ(ce_grad_few_row_cluster(1, 132, 1), 8);
+  EXPECT_EQ(ce_grad_few_row_cluster(40, 132, 1), 3);
+  EXPECT_EQ(ce_grad_few_row_cluster(40, 132, 4), 4);
+  EXPECT_EQ(ce_grad_few_row_cluster(64, 132, 1), 2);
+  EXPECT_EQ(ce_grad_few_row_cluster(65, 132, 1), 1);   // many rows: the plan's
+  EXPECT_EQ(ce_grad_few_row_cluster(0, 132, 1), 1);
+  EXPECT_EQ(ce_grad_few_row_cluster(16, 132, 0), 0);   // no plan stays no plan
+  for (int64_t rows = 1; rows <= kCeGradFewRows; ++rows)
+    for (int c = 1; c <= 8; ++c) {
+      const int f = ce_grad_few_row_cluster(rows, 132, c);
+      EXPECT_GE(f, c);
+      EXPECT_LE(f, 8);
+      EXPECT_TRUE(f == c || rows * f <= 132) << rows << " rows, plan " << c;
+    }
+  // Two kernels for few short rows without a softcap or label smoothing (z-loss allowed).
+  EXPECT_TRUE(ce_grad_two_passes_faster(16, 32000, 0.0, 0.0));
+  EXPECT_TRUE(ce_grad_two_passes_faster(64, 16384, 0.0, 0.0));
+  EXPECT_FALSE(ce_grad_two_passes_faster(16, 128256, 0.0, 0.0));  // 2M logits: one read wins
+  EXPECT_FALSE(ce_grad_two_passes_faster(16, 32000, 0.1, 0.0));
+  EXPECT_FALSE(ce_grad_two_passes_faster(16, 32000, 0.0, 30.0));
+  EXPECT_FALSE(ce_grad_two_passes_faster(65, 100, 0.0, 0.0));
+  EXPECT_FALSE(ce_grad_two_passes_faster(0, 100, 0.0, 0.0));
+}
+
 #ifdef OPFORGE_WITH_CUDA
 // The predicates' reasons that need no device: dtypes and 16-byte layouts are looked at before the
 // device's properties (host memory views: the predicates only look at pointers and strides).

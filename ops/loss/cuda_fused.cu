@@ -599,25 +599,22 @@ int forced_cluster() {
 constexpr int64_t kSmemMargin = 2048;
 int64_t smem_budget(const CudaDeviceProps& props) { return props.shared_per_block_optin - kSmemMargin; }
 
-// Note [ce with grad, few rows]: up to this many rows (a block's threads count their targets) the
-// count and reduction launches are left out, and the clusters grow to fill the SMs.
-constexpr int64_t kFewRows = 64;
+// Note [ce with grad, few rows]: the rules are ce_grad_few_row_cluster and
+// ce_grad_two_passes_faster (ops/loss/loss_cuda.h); OPFORGE_CE_GRAD_FEW_ROWS=0 turns both off.
 bool few_rows(int64_t rows) {
   static const bool off = env_off("OPFORGE_CE_GRAD_FEW_ROWS");
-  return !off && rows > 0 && rows <= kFewRows;
+  return !off && rows > 0 && rows <= kCeGradFewRows;
 }
 
-// Note [ce with grad, few rows]: few short rows without a softcap or label smoothing run faster as
-// cross_entropy's few-row cluster kernel then cross_entropy_backward's streaming kernel than as
-// this file's one-read cluster kernel, whose fixed costs (staging through shared memory, the
-// cluster barrier, the last row's reduction) outweigh the second read there. H200, bf16, us, two
-// kernels / one-read cluster: 16 x 4,096 4.10 / 5.25, 24 x 20,000 4.77 / 5.88, 12 x 5,000 6.15 /
-// 6.82, 16 x 32,000 7.53 / 7.91; but 16 x 128,256 10.41 / 10.26 and 16 x 32,000 with every option
-// 12.01 / 9.62 (docs/perf/gpu-h200-2026-11-30-round32.md).
-constexpr int64_t kTwoPassMaxElements = int64_t(1) << 20;
+// Few short rows without a softcap or label smoothing run faster as cross_entropy's few-row
+// cluster kernel then cross_entropy_backward's streaming kernel than as this file's one-read
+// cluster kernel, whose fixed costs (staging through shared memory, the cluster barrier, the last
+// row's reduction) outweigh the second read there. H200, bf16, us, two kernels / one-read cluster:
+// 16 x 4,096 4.10 / 5.25, 24 x 20,000 4.77 / 5.88, 12 x 5,000 6.15 / 6.82, 16 x 32,000 7.53 /
+// 7.91; but 16 x 128,256 10.41 / 10.26 and 16 x 32,000 with every option 12.01 / 9.62
+// (docs/perf/gpu-h200-2026-11-30-round32.md). A forced cluster size keeps the cluster kernel.
 bool two_passes_faster(int64_t rows, int64_t vocab, double label_smoothing, double softcap) {
-  return few_rows(rows) && forced_cluster() == 0 && label_smoothing == 0.0 && softcap == 0.0 &&
-         rows * vocab <= kTwoPassMaxElements;
+  return few_rows(rows) && forced_cluster() == 0 && ce_grad_two_passes_faster(rows, vocab, label_smoothing, softcap);
 }
 
 // The plan for a call: three CTAs an SM when the slices allow (a third of the SM's shared memory
@@ -634,7 +631,7 @@ CeGradClusterPlan plan_for(const TensorView& logits, bool vec) {
   CeGradClusterPlan plan = plan_of(forced_cluster());
   const int64_t rows = logits.size(0);
   if (plan.cluster > 0 && forced_cluster() == 0 && few_rows(rows)) {
-    const int fill = int(std::clamp<int64_t>(int64_t(props.sm_count) / rows, 1, kMaxCluster));
+    const int fill = ce_grad_few_row_cluster(rows, props.sm_count, plan.cluster);
     if (fill > plan.cluster) {
       const CeGradClusterPlan wider = plan_of(fill);
       if (wider.cluster == fill) plan = wider;

@@ -5,6 +5,8 @@
 //   <op>_cuda_vec16  16-byte packs; predicate: alignment, V and row strides multiples of the pack
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string_view>
 
 #include "ops/loss/loss.h"
@@ -124,6 +126,25 @@ inline CeGradClusterPlan ce_grad_cluster_plan(int64_t vocab, int64_t itemsize, i
     if (slice_of(c) * itemsize <= optin_bytes) return take(c);
   plan.why = "a row does not fit in the shared memory of a cluster of 8 CTAs";
   return plan;
+}
+
+// Note [ce with grad, few rows] (ops/loss/cuda_fused.cu): up to kCeGradFewRows rows a call is one
+// launch (each CTA counts a mean's kept rows, one target a thread; the last row adds the losses),
+// and the cluster grows from the plan's `cluster` to as many CTAs as fill `sms` SMs, at most 8.
+// A larger cluster needs its slices to fit too: the caller re-plans with the returned size forced.
+inline constexpr int64_t kCeGradFewRows = 64;
+inline int ce_grad_few_row_cluster(int64_t rows, int sms, int cluster) {
+  if (rows <= 0 || rows > kCeGradFewRows || cluster <= 0) return cluster;
+  const int64_t fill = std::clamp<int64_t>(int64_t(sms) / rows, 1, 8);
+  return int(std::max<int64_t>(fill, cluster));
+}
+// Few short rows without a softcap or label smoothing (at most kCeGradTwoPassElements logits) run
+// faster as cross_entropy's kernel then cross_entropy_backward's than as the one-read cluster
+// kernel (measured on an H200, docs/perf/gpu-h200-2026-11-30-round32.md).
+inline constexpr int64_t kCeGradTwoPassElements = int64_t(1) << 20;
+inline bool ce_grad_two_passes_faster(int64_t rows, int64_t vocab, double label_smoothing, double softcap) {
+  return rows > 0 && rows <= kCeGradFewRows && label_smoothing == 0.0 && softcap == 0.0 &&
+         rows * vocab <= kCeGradTwoPassElements;
 }
 
 // cross_entropy_with_grad's exp-once cluster kernel (Note [ce with grad, exp once]) over rows of f32
