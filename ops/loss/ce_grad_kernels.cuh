@@ -28,7 +28,7 @@ __device__ __forceinline__ float cap(float x, float softcap) {
 }
 
 // TOut: the gradient's dtype, T's except for f32 logits of a 16-bit model
-// (fused_linear_cross_entropy_with_grad's token blocks, ce_grad_rows below).
+// (fused_linear_cross_entropy_with_grad's token blocks, ce_grad_rows in cuda_fused.cu).
 template <class T, class TOut = T> struct FusedArgs {
   const T* logits;
   int64_t logits_stride;
