@@ -385,7 +385,8 @@ void register_ce_with_grad_cuda(Registry& reg) {
       cuda_kernel_desc("cuda_cluster_vec16", 300,
                        "one read of each row: a cluster of CTAs holds it in shared memory (16-byte cp.async), "
                        "statistics merged through distributed shared memory, dlogits written from the copy "
-                       "(without a softcap: from each element's exp, kept in place of it)",
+                       "(without a softcap: from each element's exp, kept in place of it); up to 64 rows one launch "
+                       "on clusters that fill the SMs, few short rows without options on the two kernels",
                        false),
       &cross_entropy_with_grad_cuda_cluster_vec16, &cross_entropy_with_grad_cuda_cluster_vec16_applicable);
   reg.add_kernel<CrossEntropyWithGrad>(
