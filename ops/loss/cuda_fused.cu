@@ -26,8 +26,10 @@
 //    counted by every CTA (one target a thread, __syncthreads_count) instead of by a launch before
 //    it; and sum / mean's row losses are added by the rank-0 CTA of the last row to arrive (Note
 //    [last block]) instead of by a launch after it: one launch in all. Few short rows without
-//    options still run faster as the two kernels (two_passes_faster), and take them.
-//    OPFORGE_CE_GRAD_FEW_ROWS=0 turns all this off (side-by-side timing).
+//    options still run faster as the two kernels (two_passes_faster), and take them. Before all
+//    this, the packed impl hands rows that fit 8 CTAs' registers to Note [ce with grad, rows in
+//    registers] (cuda_ce_grad_few.cu), faster again. OPFORGE_CE_GRAD_FEW_ROWS=0 turns all this off
+//    (side-by-side timing).
 //  - A CTA's threads own fixed units of the slice (unit u of thread t: u = t + k * 256) for the
 //    copy, the statistics and the gradient, so each thread reads back only what it copied itself:
 //    cp.async.wait_all (wait_group per quarter in the exp-once kernel) orders that, and no block
@@ -201,6 +203,10 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
   DeviceGuard guard(ctx.device.index);
   const CeGradClusterPlan plan = plan_for(logits, kVec);
   if (plan.cluster == 0) return fallback();  // the predicate has said why; reached only by direct calls
+  if (kVec && few_rows(rows) &&
+      ce_grad_few_rows_cuda(ctx, loss, lse, dlogits, logits, target, dloss, ignore_index, label_smoothing,
+                            lse_square_scale, softcap, reduction))
+    return;  // Note [ce with grad, rows in registers]
   if (two_passes_faster(rows, vocab, label_smoothing, softcap)) return fallback();
   const Red red = red_of(reduction);
   const int64_t budget = smem_budget(cuda_device_props(ctx.device.index));
@@ -386,7 +392,7 @@ void register_ce_with_grad_cuda(Registry& reg) {
                        "one read of each row: a cluster of CTAs holds it in shared memory (16-byte cp.async), "
                        "statistics merged through distributed shared memory, dlogits written from the copy "
                        "(without a softcap: from each element's exp, kept in place of it); up to 64 rows one launch "
-                       "on clusters that fill the SMs, few short rows without options on the two kernels",
+                       "on clusters that fill the SMs, the row held in registers where 8 CTAs' registers hold it",
                        false),
       &cross_entropy_with_grad_cuda_cluster_vec16, &cross_entropy_with_grad_cuda_cluster_vec16_applicable);
   reg.add_kernel<CrossEntropyWithGrad>(

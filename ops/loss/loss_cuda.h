@@ -50,7 +50,8 @@ const char* cross_entropy_backward_cuda_vec16_applicable(const TensorView& dlogi
 
 // cross_entropy_with_grad (ops/loss/cuda_fused.cu), three kernels:
 //   _cuda_cluster_vec16  one read of each row: a thread-block cluster holds the row in shared
-//                        memory (Note [ce with grad clusters]); 16-byte packs
+//                        memory (Note [ce with grad clusters]); 16-byte packs; up to 64 rows,
+//                        in registers (Note [ce with grad, rows in registers])
 //   _cuda_cluster        the same with single elements (any layout the check accepts)
 //   _cuda                cross_entropy's then cross_entropy_backward's kernels (two reads of the
 //                        logits): any row length, no cluster needed
@@ -127,6 +128,15 @@ inline CeGradClusterPlan ce_grad_cluster_plan(int64_t vocab, int64_t itemsize, i
   plan.why = "a row does not fit in the shared memory of a cluster of 8 CTAs";
   return plan;
 }
+
+// Note [ce with grad, rows in registers] (ops/loss/cuda_ce_grad_few.cu): cross_entropy_with_grad of
+// up to kCeGradFewRows rows of 16-byte packs in one register-resident cluster launch; false when it
+// does not take the call (OPFORGE_CE_GRAD_REGISTERS=0, too many rows, a row longer than 8
+// CTAs of 8 packs a thread, no clusters). The caller has checked the vec16 layouts.
+bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                           const TensorView& dlogits, const TensorView& logits, const TensorView& target,
+                           const TensorView& dloss, int64_t ignore_index, double label_smoothing,
+                           double lse_square_scale, double softcap, std::string_view reduction);
 
 // Note [ce with grad, few rows] (ops/loss/cuda_fused.cu): up to kCeGradFewRows rows a call is one
 // launch (each CTA counts a mean's kept rows, one target a thread; the last row adds the losses),

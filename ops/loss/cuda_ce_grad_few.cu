@@ -1,0 +1,253 @@
+// cross_entropy_with_grad of a few rows with every row held in registers: Note [ce with grad,
+// rows in registers].
+//
+// Note [ce with grad, rows in registers] (16-byte packs, compute capability 9.0 on): up to
+// kCeGradFewRows rows, a row is one thread-block cluster with the softmax family's few-row plan
+// (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads, 4 or 8 packs a thread,
+// as many CTAs as leave the rows' clusters an SM each), as cross_entropy's few-row cluster kernel
+// (Note [few-row cross_entropy cluster], cuda.cu) holds it; the gradient is then written from the
+// registers, so the logits are read once and nothing is staged through shared memory (the
+// one-read kernel of Note [ce with grad clusters] copies the row into shared memory with
+// cp.async, made for many rows, three CTAs an SM).
+//  - Every thread loads all its packs at once with the row's scalars (target, upstream gradient;
+//    a mean's kept-row flag of row threadIdx.x). Without a softcap each value becomes exp(z -
+//    m_t), m_t the thread's max (cached_stats keeps them), so the gradient is one FFMA an element,
+//    g (1 + 2 s lse) exp(m_t - lse) e - g eps (minus g (1 - ls) at the target); with a softcap the
+//    capped z stay and the gradient takes its exp and the cap's derivative 1 - (z / c)^2.
+//  - The CTA's (max, sum, sum z) go to its shared memory; after one cluster barrier thread 0 of
+//    every CTA merges the cluster's in rank order through distributed shared memory (every CTA
+//    gets the same lse bits), rank 0 writes the row's lse and loss.
+//  - mean: each CTA counts the kept rows with __syncthreads_count; sum / mean: the rank-0 CTA of
+//    the last row to arrive adds the rows' losses (Note [last block]) with that count. One
+//    launch, programmatic (Note [programmatic launch]); the same bits every run.
+// f32 statistics; exps of 16-bit data through ex2.approx (exp_shifted), as the softmax family's;
+// 64-bit offsets. cross_entropy_with_grad's cuda_cluster_vec16 impl takes it first for up to 64 rows
+// (cuda_fused.cu); OPFORGE_CE_GRAD_REGISTERS=0 turns it off (side-by-side timing). H200, bf16, us,
+// shared-memory clusters or two kernels / this kernel: 16 x 32,000 7.37 / 6.80, 16 x 128,256
+// 10.21 / 9.30, 16 x 4,096 4.22 / 3.76, 24 x 20,000 4.73 / 4.21, 12 x 5,000 (mean, ignored rows)
+// 6.07 / 5.47; f32 16 x 32,000 with every option 10.83 / 9.71 (docs/perf/gpu-h200-2026-11-30-round33.md).
+#include <cooperative_groups.h>
+
+#include <cmath>
+
+#include "backends/cuda/cuda_launch.cuh"
+#include "ops/loss/ce_forward.cuh"
+#include "ops/loss/loss_cuda.cuh"
+#include "ops/loss/loss_cuda.h"
+#include "ops/softmax/cluster_plan.h"
+#include "ops/softmax/row_reduce.cuh"
+
+namespace opforge {
+namespace cuda::loss {
+namespace {
+
+namespace cg = cooperative_groups;
+using rows::cached_stats;
+using rows::kLog2e;
+using rows::merge_all;
+using rows::row_stats;
+using rows::row_sum;
+using rows::Stats;
+using rows::tree_reduce;
+using rows::UnitOf;
+
+constexpr int kRanksMost = 8;  // the portable cluster size
+
+template <class T> struct FewArgs {
+  const T* logits;
+  int64_t logits_stride;
+  T* dlogits;
+  int64_t dlogits_stride;
+  int64_t rows, vocab;
+  const int64_t* target;
+  int64_t target_stride;
+  const void* dloss;
+  DType dloss_dtype;
+  int64_t dloss_stride;  // 0 for sum / mean
+  float* loss;           // [rows] (none) or the workspace (sum / mean)
+  int64_t loss_stride;
+  float* lse;
+  int64_t lse_stride;
+  Options o;
+  bool mean;
+  unsigned* arrivals;
+  RowReduce reduce;  // out null: none
+};
+
+// kCapped: a softcap is set (the values stay z for the cap's derivative).
+template <class T, int kUnits, bool kCapped>
+__global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kernel(FewArgs<T> p, int64_t seg_units) {
+  programmatic_prologue();  // Note [programmatic launch]
+  using U = UnitOf<T, true>;
+  constexpr int W = U::width, kThreads = softmax::kClusterThreads;
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  __shared__ Stats part;
+  __shared__ float part_z;
+  __shared__ float row_lse;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
+  const int64_t row = int64_t(blockIdx.x) / ranks;
+  const int64_t begin = int64_t(rank) * seg_units, end = min(p.vocab / W, begin + seg_units);
+  const T* x = p.logits + row * p.logits_stride;
+  typename U::Raw raw[kUnits];
+#pragma unroll
+  for (int c = 0; c < kUnits; ++c) {
+    const int64_t u = begin + threadIdx.x + int64_t(c) * kThreads;
+    raw[c] = U::load_or(x + u * W, u < end, -INFINITY);
+  }
+  // The row's scalars, in flight with the row.
+  const int64_t t = p.target[row * p.target_stride];
+  const bool ignored = t == p.o.ignore_index, bad = !ignored && (t < 0 || t >= p.vocab);
+  float g = ignored ? 0.0f : load_float(p.dloss, p.dloss_dtype, row * p.dloss_stride);
+  const bool finisher = rank == 0 && threadIdx.x == 0;
+  float zt = 0.0f;
+  if (finisher && !ignored) zt = bad ? NAN : cap(to_f32(x[t]), p.o.softcap);
+  const bool kept_mine = p.mean && threadIdx.x < p.rows &&
+                         p.target[int64_t(threadIdx.x) * p.target_stride] != p.o.ignore_index;
+
+  // Units past the row's end hold -inf (exp 0); sum z adds in-row values only.
+  float v[kUnits][W], zs[kUnits];
+#pragma unroll
+  for (int c = 0; c < kUnits; ++c) {
+    const bool in = begin + threadIdx.x + int64_t(c) * kThreads < end;
+    const typename U::Floats f = U::widen(raw[c]);
+    zs[c] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      v[c][j] = in ? (kCapped ? cap(f.v[j], p.o.softcap) : f.v[j]) : -INFINITY;
+      if (in) zs[c] += v[c][j];
+    }
+  }
+  Stats st = cached_stats<T, !kCapped>(v);  // without a softcap v now holds exp(z - m_t)
+  const float m_t = st.m;
+  st = row_stats<T>(st, kThreads, stats_scratch);
+  const bool smoothing = p.o.smoothing > 0.0f;  // uniform over the launch
+  float z_cta = 0.0f;
+  if (smoothing) z_cta = row_sum(tree_reduce(zs, [](float a, float b) { return a + b; }), kThreads, sum_scratch);
+  if (threadIdx.x == 0) part = st, part_z = z_cta;
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    Stats all[kRanksMost];
+    float z_row = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRanksMost; ++k)  // every remote load issued before the first is used
+      if (k < int(ranks)) all[k] = *cluster.map_shared_rank(&part, unsigned(k));
+    if (smoothing)
+      for (unsigned k = 0; k < ranks; ++k) z_row += *cluster.map_shared_rank(&part_z, k);
+    const Stats total = merge_all<T>(all, int(ranks));  // Note [max first]
+    const float lse = total.m + logf(total.s);
+    row_lse = lse;
+    if (finisher) {
+      p.lse[row * p.lse_stride] = lse;
+      float loss = 0.0f;
+      if (!ignored) {
+        loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.z_scale * lse * lse;
+        if (smoothing) loss += p.o.smoothing * lse - p.o.smoothing / float(p.vocab) * z_row;
+      }
+      p.loss[row * p.loss_stride] = loss;
+    }
+  }
+  cluster_arrive();  // done with the other CTAs' shared memory
+  __syncthreads();   // row_lse
+  const float lse = row_lse;
+  float kept = -1.0f;
+  if (p.mean) {  // uniform over the launch
+    kept = float(__syncthreads_count(kept_mine));
+    if (!ignored) g /= kept;
+  }
+  if (bad) g = NAN;
+
+  // dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j == t]), times the softcap's derivative.
+  const float eps = p.o.smoothing / float(p.vocab);
+  const float gs = g * (1.0f + 2.0f * p.o.z_scale * lse), gb = -g * eps, gbt = -g * (eps + 1.0f - p.o.smoothing);
+  const float a = kCapped || m_t == -INFINITY ? 0.0f : gs * expf(m_t - lse);
+  const float lse2 = lse * kLog2e, inv_cap = kCapped ? 1.0f / p.o.softcap : 0.0f;
+  // The target's unit and lane (t_unit -1 for an ignored row or a bad target: no unit of it).
+  const int64_t t_unit = ignored || bad ? -1 : t / W;
+  const int t_lane = int(t - (t / W) * W);
+  T* out = p.dlogits + row * p.dlogits_stride;
+#pragma unroll
+  for (int c = 0; c < kUnits; ++c) {
+    const int64_t u = begin + threadIdx.x + int64_t(c) * kThreads;
+    if (u >= end) continue;
+    PackFloats<T> d;
+    const bool target_unit = u == t_unit;  // once a row
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float add = target_unit && j == t_lane ? gbt : gb;
+      if constexpr (kCapped) {
+        const float z = v[c][j], r = z * inv_cap;
+        d.v[j] = fmaf(gs, rows::exp_shifted<T>(z, lse, lse2), add) * (1.0f - r * r);
+      } else {
+        d.v[j] = fmaf(a, v[c][j], add);
+      }
+      if (ignored) d.v[j] = 0.0f;
+    }
+    store_pack_streaming(out + u * W, narrow_pack(d));
+  }
+  if (p.reduce.out != nullptr && rank == 0) {  // uniform over the CTA
+    if (last_block_arrives(p.arrivals, unsigned(p.rows))) reduce_rows_in_block<kThreads>(p.reduce, kept);
+  }
+  cluster_wait();  // no CTA leaves while another may still read its `part`
+}
+
+bool registers_enabled() {
+  static const bool off = cuda::env_off("OPFORGE_CE_GRAD_REGISTERS");
+  return !off;
+}
+
+}  // namespace
+}  // namespace cuda::loss
+
+bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse,
+                           const TensorView& dlogits, const TensorView& logits, const TensorView& target,
+                           const TensorView& dloss, int64_t ignore_index, double label_smoothing,
+                           double lse_square_scale, double softcap, std::string_view reduction) {
+  using namespace cuda::loss;  // NOLINT
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (!registers_enabled() || rows <= 0 || rows > kCeGradFewRows || !cuda::cluster_rows_enabled()) return false;
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  if (props.cc_major < 9) return false;
+  const bool none = reduction == "none", mean = reduction == "mean";
+  bool taken = false;
+  cuda::DeviceGuard guard(ctx.device.index);
+  cuda::dispatch_float(logits.dtype, "cross_entropy_with_grad", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = cuda::Pack<T>::n;
+    const int64_t units = vocab / W;
+    cuda::softmax::FewRowPlan plan = cuda::softmax::few_row_plan(rows, units, props.sm_count, true);
+    if (plan.ranks > kRanksMost) plan = cuda::softmax::few_row_plan(rows, units, props.sm_count, false);
+    if (plan.ranks < 2 || plan.ranks > kRanksMost) return;
+    auto kernel = plan.units_per_thread == 4
+                      ? (softcap > 0.0 ? ce_grad_regs_kernel<T, 4, true> : ce_grad_regs_kernel<T, 4, false>)
+                      : (softcap > 0.0 ? ce_grad_regs_kernel<T, 8, true> : ce_grad_regs_kernel<T, 8, false>);
+    if (!cuda::cluster_launch_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan.ranks,
+                                   cuda::softmax::kClusterThreads, 0))
+      return;
+    FewArgs<T> p{};
+    p.logits = logits.ptr<T>(), p.logits_stride = row_stride_of(logits);
+    p.dlogits = dlogits.ptr<T>(), p.dlogits_stride = row_stride_of(dlogits);
+    p.rows = rows, p.vocab = vocab;
+    p.target = target.ptr<int64_t>(), p.target_stride = stride0(target);
+    p.dloss = dloss.data, p.dloss_dtype = dloss.dtype, p.dloss_stride = none ? stride0(dloss) : 0;
+    p.loss = none ? loss.ptr<float>() : static_cast<float*>(cuda_workspace(ctx, rows * int64_t(sizeof(float))));
+    p.loss_stride = none ? stride0(loss) : 1;
+    p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
+    p.o = Options{ignore_index, float(label_smoothing), float(lse_square_scale), float(softcap)};
+    p.mean = mean;
+    if (!none) {
+      p.arrivals = cuda_grid_barrier(ctx);
+      p.reduce.losses = p.loss, p.reduce.rows = rows, p.reduce.labels = p.target;
+      p.reduce.labels_stride = p.target_stride, p.reduce.ignore_index = ignore_index, p.reduce.divide = mean;
+      p.reduce.out = loss.ptr<float>();
+    }
+    cuda::launch_cluster(ctx, "cross_entropy_with_grad registers cluster launch", kernel,
+                         dim3(unsigned(rows * plan.ranks)), dim3(cuda::softmax::kClusterThreads), 0, plan.ranks, p,
+                         (units + plan.ranks - 1) / plan.ranks);
+    taken = true;
+  });
+  return taken;
+}
+
+}  // namespace opforge
