@@ -4,7 +4,8 @@
 // (f64 goes to the reference), labels int64 [N] with any stride, the op's check has run.
 //
 // Technique. Every op here is memory-bound: an element loss of two inputs (a, b) = (y_pred,
-// y_true), (input, target) or (p, q), with at most one exp and one log per element.
+// y_true), (input, target) or (p, q): a log (kl_div), an exp (kl_div with log targets), two exps
+// and a log (jsd) or a compare (tvd) per element; the element math is ops/loss/pair_elements.cuh.
 //  - Reduced forward (sum / mean / batchmean, and jsd): the threads of a row (a warp for short
 //    rows, up to 256 for long ones; several rows per 256-thread block, as in ops/loss/cuda.cu)
 //    read both rows once, add the element losses in f32 per thread, and reduce over the row in a
@@ -42,6 +43,7 @@
 #include "backends/cuda/cuda_launch.cuh"
 #include "ops/loss/loss_cuda.cuh"
 #include "ops/loss/loss_cuda.h"
+#include "ops/loss/pair_elements.cuh"
 #include "ops/softmax/row_reduce.cuh"
 
 namespace opforge {
@@ -50,71 +52,12 @@ namespace {
 
 using namespace cuda::rows;  // NOLINT: UnitOf, row_sum, exp_of
 
-enum class Pair { kl, kl_log, jsd, tvd };
+using namespace pair;  // NOLINT: the element math (ops/loss/pair_elements.cuh)
+
 enum class PairRed { none, sum, mean, batchmean };
 PairRed pair_red_of(std::string_view r) {
   return r == "none" ? PairRed::none : r == "sum" ? PairRed::sum : r == "mean" ? PairRed::mean : PairRed::batchmean;
 }
-
-// beta_zero / beta_one: jsd's beta is exactly 0 or 1 (decided on the double, as the reference does:
-// a beta that only rounds to 0 or 1 in f32 takes the general formula).
-struct PairParams {
-  float eps, beta;
-  bool beta_zero, beta_one;
-};
-
-// Note [element log]: log of an element-loss term. The accurate logf (a polynomial of about 15
-// instructions) unless kFast: then 16-bit data takes ln 2 * log2_ftz(x) (lg2.approx.ftz on the
-// special-function unit, absolute error below 2^-21 on [0.5, 2], a few ulps elsewhere: far under
-// the 2^-8 / 2^-11 spacing of bf16 / f16 data, as Note [element exp]) for normal arguments, where
-// .ftz changes nothing and saves the range test and rescale of __logf; zero, subnormal, negative
-// and NaN arguments keep logf, so edge values (log 0 = -inf) are the reference's. jsd's backward
-// takes it always (its log m; H200 bf16 1,024 x 32,000: 71.9 -> 62.8 us, 65% -> 75% of copy,
-// docs/perf/gpu-h200-2026-11-30-round28.md): log m enters as a - log m, where an absolute error
-// of 2^-21 in log m is what logf's own rounding of |log m| up to 16 gives.
-template <class T, bool kFast> __device__ __forceinline__ float log_of(float x) {
-  if constexpr (kFast && !std::is_same_v<T, float>) {
-    if (x >= 1.17549435e-38f) return log2_ftz(x) * kLn2;  // FLT_MIN; false for NaN
-  }
-  return logf(x);
-}
-
-// Element loss of (a, b): kl (y_pred, y_true), jsd (input = log Q, target = log P), tvd (p, q).
-template <class T, Pair K, bool kFastLog = false>
-__device__ __forceinline__ float element_loss(float a, float b, const PairParams& o) {
-  if constexpr (K == Pair::kl) {
-    return b * (log_of<T, kFastLog>(fmaxf(b, o.eps)) - a);
-  } else if constexpr (K == Pair::kl_log) {
-    return exp_of<T>(b) * (b - a);
-  } else if constexpr (K == Pair::jsd) {
-    if (o.beta_zero) return exp_of<T>(b) * (b - a);
-    if (o.beta_one) return exp_of<T>(a) * (a - b);
-    const float q = exp_of<T>(a), p = exp_of<T>(b);
-    const float m = o.beta * p + (1.0f - o.beta) * q;
-    return o.beta * p * b + (1.0f - o.beta) * q * a - m * log_of<T, kFastLog>(m);
-  } else {
-    return 0.5f * fabsf(a - b);
-  }
-}
-
-// d(element loss)/da. kl reads only b (y_true).
-template <class T, Pair K> __device__ __forceinline__ float element_grad(float a, float b, const PairParams& o) {
-  if constexpr (K == Pair::kl) {
-    return -b;
-  } else if constexpr (K == Pair::kl_log) {
-    return -exp_of<T>(b);
-  } else if constexpr (K == Pair::jsd) {
-    if (o.beta_zero) return -exp_of<T>(b);
-    const float q = exp_of<T>(a);
-    if (o.beta_one) return q * (a - b) + q;
-    const float m = o.beta * exp_of<T>(b) + (1.0f - o.beta) * q;
-    return (1.0f - o.beta) * q * (a - log_of<T, true>(m));
-  } else {
-    return a > b ? 0.5f : -0.5f;
-  }
-}
-
-template <Pair K> constexpr bool reads_a_in_backward = !(K == Pair::kl || K == Pair::kl_log);
 
 __device__ __forceinline__ bool kept_row(const int64_t* labels, int64_t stride, int64_t row, int64_t ignore_index) {
   return labels == nullptr || labels[row * stride] != ignore_index;
@@ -191,7 +134,11 @@ __global__ void __launch_bounds__(256)
 // them without spilling (4 packs of bf16, 64 elements, spilled about 100 bytes a thread).
 template <class T> constexpr int pair_unroll() { return 16 / Pack<T>::n; }
 
-template <class T, Pair K>
+// Note [jsd beta at compile time]: jsd's kernel here is instantiated for beta 0, 1 and anything
+// else (kB), so its element loop carries no per-element test of beta: with the test, the element
+// issued 35 instructions (the beta-0 and beta-1 paths' exps too, predicated off, and their
+// branches) for 3 exps and logs; 16-bit data also takes Note [jsd in log2 units].
+template <class T, Pair K, Beta kB>
 __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> p, int rt, int64_t splits,
                                                                  int64_t seg_units, RowReduce r,
                                                                  unsigned* arrivals) {
@@ -212,6 +159,7 @@ __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> 
     const bool kept = live && kept_row(p.labels, p.labels_stride, row, p.ignore_index);
     const T* a = p.a + row * p.a_stride;
     const T* b = p.b + row * p.b_stride;
+    constexpr bool kLog2Units = K == Pair::jsd && !std::is_same_v<T, float>;  // Note [jsd in log2 units]
     float s = 0.0f;
     for (int64_t u0 = begin + tid; kept && u0 < end; u0 += int64_t(U) * rt) {
       Pack<T> xa[U], xb[U];
@@ -227,9 +175,15 @@ __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> 
       for (int k = 0; k < U; ++k)
         if (u0 + int64_t(k) * rt < end)
 #pragma unroll
-          for (int j = 0; j < N; ++j)
-            s += element_loss<T, K, true>(to_f32(xa[k].v[j]), to_f32(xb[k].v[j]), p.o);
+          for (int j = 0; j < N; ++j) {
+            const float x = to_f32(xa[k].v[j]), y = to_f32(xb[k].v[j]);
+            if constexpr (kLog2Units)
+              jsd_add_log2<kB>(x, y, p.o, s);
+            else
+              s += element_loss<T, K, true, kB>(x, y, p.o);
+          }
     }
+    if constexpr (kLog2Units) s *= kLn2;
     s = row_sum(s, rt, scratch);
     if (live && tid == 0) p.row_sums[v] = s;
   }
@@ -240,7 +194,8 @@ __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> 
 // kUnits units of a row (u0, u0 + bx, ...; bx = blockDim.x), every load of them issued before the
 // math, as cross_entropy_backward's Note [backward units] (ops/loss/cuda.cu): the row's label and
 // the scalar gradient are read once for all of them, and the launch has a quarter of the blocks.
-template <class T, bool kVec, Pair K, bool kBackward, int kUnits>
+// kB: jsd's backward is instantiated per beta case (Note [jsd beta at compile time]).
+template <class T, bool kVec, Pair K, bool kBackward, int kUnits, Beta kB = Beta::any>
 __global__ void __launch_bounds__(256) pair_elements_kernel(PairArgs<T> p) {
   programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, kVec>;
@@ -298,7 +253,7 @@ __global__ void __launch_bounds__(256) pair_elements_kernel(PairArgs<T> p) {
           for (int j = 0; j < W; ++j) ge.v[j] = g;
         }
 #pragma unroll
-        for (int j = 0; j < W; ++j) d.v[j] = ge.v[j] * element_grad<T, K>(x.v[j], y.v[j], p.o);
+        for (int j = 0; j < W; ++j) d.v[j] = ge.v[j] * element_grad<T, K, kB>(x.v[j], y.v[j], p.o);
       } else {
 #pragma unroll
         for (int j = 0; j < W; ++j) d.v[j] = element_loss<T, K>(x.v[j], y.v[j], p.o);
@@ -376,14 +331,25 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
     dispatch_pair(c.kind, [&](auto kind) {
       constexpr Pair K = decltype(kind)::value;
       auto launch = [&](auto kernel) { launch_programmatic(ctx, c.op, kernel, shape.grid, shape.block, 0, p); };
+      // jsd's backward per beta case (Note [jsd beta at compile time]); its forward is reduced.
+      auto launch_backward = [&](auto units) {
+        constexpr int kU = decltype(units)::value;
+        if constexpr (K == Pair::jsd) {
+          if (c.o.beta_zero) return launch(pair_elements_kernel<T, kVec, K, true, kU, Beta::zero>);
+          if (c.o.beta_one) return launch(pair_elements_kernel<T, kVec, K, true, kU, Beta::one>);
+          return launch(pair_elements_kernel<T, kVec, K, true, kU, Beta::mixed>);
+        } else {
+          return launch(pair_elements_kernel<T, kVec, K, true, kU>);
+        }
+      };
       if constexpr (kVec) {
         if (four) {
-          if (backward) launch(pair_elements_kernel<T, kVec, K, true, 4>);
+          if (backward) launch_backward(std::integral_constant<int, 4>{});
           else launch(pair_elements_kernel<T, kVec, K, false, 4>);
           return;
         }
       }
-      if (backward) launch(pair_elements_kernel<T, kVec, K, true, 1>);
+      if (backward) launch_backward(std::integral_constant<int, 1>{});
       else launch(pair_elements_kernel<T, kVec, K, false, 1>);
     });
   });
@@ -436,7 +402,8 @@ int64_t splits_for(int64_t rows, int64_t units, int sm_count, int64_t resident, 
 template <class T, Pair K> int64_t unrolled_resident(const CudaDeviceProps& props) {
   static const int fit = [] {
     int n = 0;
-    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pair_rows_unrolled_kernel<T, K>, 256, 0));
+    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, pair_rows_unrolled_kernel<T, K, K == Pair::jsd ? Beta::mixed : Beta::any>, 256, 0));
     return n;
   }();
   return int64_t(fit) * props.sm_count;
@@ -490,9 +457,19 @@ void forward(const Context& ctx, const PairCall& c, const TensorView& loss) {
     const int64_t blocks = std::min<int64_t>((segments + per_block - 1) / per_block, max_blocks);
     dispatch_pair(c.kind, [&](auto kind) {
       constexpr Pair K = decltype(kind)::value;
-      if constexpr (kFast)
-        launch_programmatic(ctx, c.op, pair_rows_unrolled_kernel<T, K>, dim3(unsigned(blocks)), dim3(block), 0, p, rt,
-                            splits, seg_units, r, arrivals);
+      auto launch_unrolled = [&](auto kernel) {
+        launch_programmatic(ctx, c.op, kernel, dim3(unsigned(blocks)), dim3(block), 0, p, rt, splits, seg_units, r,
+                            arrivals);
+      };
+      if constexpr (kFast && K == Pair::jsd) {  // Note [jsd beta at compile time]
+        if (c.o.beta_zero)
+          launch_unrolled(pair_rows_unrolled_kernel<T, K, Beta::zero>);
+        else if (c.o.beta_one)
+          launch_unrolled(pair_rows_unrolled_kernel<T, K, Beta::one>);
+        else
+          launch_unrolled(pair_rows_unrolled_kernel<T, K, Beta::mixed>);
+      } else if constexpr (kFast)
+        launch_unrolled(pair_rows_unrolled_kernel<T, K, Beta::any>);
       else
         launch_programmatic(ctx, c.op, pair_rows_kernel<T, kVec, K>, dim3(unsigned(blocks)), dim3(block), 0, p, rt,
                             splits, seg_units, r, arrivals);
