@@ -131,7 +131,9 @@ __global__ void __launch_bounds__(256)
 // could feed and fell to 40-57% of the copy bandwidth. Per thread the unit order is fixed
 // (u0, u0 + rt, ..., by step), so the sums are deterministic. At most 64 registers a thread, so
 // four 256-thread blocks (64-128 KB of loads) share an SM; 16 elements of each input is what fits
-// them without spilling (4 packs of bf16, 64 elements, spilled about 100 bytes a thread).
+// them without spilling (4 packs of bf16, 64 elements, spilled about 100 bytes a thread; with 80
+// registers and three blocks an SM, 1.5x slower). Loading the next step's packs before using the
+// current ones gained 2-4% for bf16 and lost 9% for f16 (H200, docs/perf/gpu-h200-2026-11-30-round33.md).
 template <class T> constexpr int pair_unroll() { return 16 / Pack<T>::n; }
 
 // Note [jsd beta at compile time]: jsd's kernel here is instantiated for beta 0, 1 and anything
@@ -173,15 +175,17 @@ __global__ void __launch_bounds__(256, 4) pair_rows_unrolled_kernel(PairArgs<T> 
       }
 #pragma unroll
       for (int k = 0; k < U; ++k)
-        if (u0 + int64_t(k) * rt < end)
+        if (u0 + int64_t(k) * rt < end) {
+          // widen_pack: bf16 words by a shift and a mask, not an extraction of each half.
+          const PackFloats<T> x = widen_pack(xa[k]), y = widen_pack(xb[k]);
 #pragma unroll
           for (int j = 0; j < N; ++j) {
-            const float x = to_f32(xa[k].v[j]), y = to_f32(xb[k].v[j]);
             if constexpr (kLog2Units)
-              jsd_add_log2<kB>(x, y, p.o, s);
+              jsd_add_log2<kB>(x.v[j], y.v[j], p.o, s);
             else
-              s += element_loss<T, K, true, kB>(x, y, p.o);
+              s += element_loss<T, K, true, kB>(x.v[j], y.v[j], p.o);
           }
+        }
     }
     if constexpr (kLog2Units) s *= kLn2;
     s = row_sum(s, rt, scratch);
