@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_launch.cuh"
+#include "ops/softmax/cluster_row.cuh"
 #include "ops/softmax/row_reduce.cuh"
 
 namespace opforge::cuda::loss {
@@ -21,6 +22,26 @@ struct Options {
 };
 __device__ __forceinline__ float cap(float x, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
+}
+
+// The f32 values of a thread's units of a cluster row segment (ops/softmax/cluster_row.cuh),
+// softcapped when kMaybeCap (cap: a softcap of 0 leaves them), -inf past the segment's end (exp 0
+// after the softcap too), and each unit's sum of z over in-segment values only (a masked -inf
+// logit makes it -inf, as in the reference).
+template <class U, int kUnits, int kThreads, bool kMaybeCap>
+__device__ __forceinline__ void widen_segment(const typename U::Raw (&raw)[kUnits], const rows::ClusterRow& seg,
+                                              float softcap, float (&v)[kUnits][U::width], float (&zs)[kUnits]) {
+#pragma unroll
+  for (int c = 0; c < kUnits; ++c) {
+    const bool in = seg.begin + threadIdx.x + int64_t(c) * kThreads < seg.end;
+    const typename U::Floats f = U::widen(raw[c]);
+    zs[c] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < U::width; ++j) {
+      v[c][j] = in ? (kMaybeCap ? cap(f.v[j], softcap) : f.v[j]) : -INFINITY;
+      if (in) zs[c] += v[c][j];
+    }
+  }
 }
 
 template <class T> struct ForwardArgs {

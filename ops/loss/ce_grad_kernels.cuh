@@ -27,32 +27,7 @@ __device__ __forceinline__ float cap(float x, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(x / softcap) : x;
 }
 
-// TOut: the gradient's dtype, T's except for f32 logits of a 16-bit model
-// (fused_linear_cross_entropy_with_grad's token blocks, ce_grad_rows in cuda_fused.cu).
-template <class T, class TOut = T> struct FusedArgs {
-  const T* logits;
-  int64_t logits_stride;
-  TOut* dlogits;
-  int64_t dlogits_stride;
-  int64_t rows, vocab;
-  const int64_t* target;
-  int64_t target_stride;
-  const void* dloss;
-  DType dloss_dtype;
-  int64_t dloss_stride;  // 0 for sum / mean (one element)
-  const float* kept;     // mean: the count of kept rows (workspace); else null
-  float* loss;           // [rows] (none) or the workspace (sum / mean)
-  int64_t loss_stride;
-  float* lse;
-  int64_t lse_stride;
-  int64_t ignore_index;
-  float smoothing, z_scale, softcap;
-  // Note [ce with grad, few rows]: mean's kept rows counted by every CTA (kept null), and sum /
-  // mean's row losses added by the last row to arrive on `arrivals` (reduce.out non-null).
-  bool count_in_block = false;
-  unsigned* arrivals = nullptr;
-  RowReduce reduce{};
-};
+// FusedArgs: ops/loss/loss_cuda.cuh.
 
 // The row statistics a CTA leaves for its cluster.
 struct Partial {

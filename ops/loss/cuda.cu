@@ -43,6 +43,7 @@
 #include "ops/loss/loss_cuda.cuh"
 #include "ops/loss/loss_cuda.h"
 #include "ops/softmax/cluster_plan.h"
+#include "ops/softmax/cluster_row.cuh"
 #include "ops/softmax/row_reduce.cuh"
 
 namespace opforge {
@@ -209,16 +210,12 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2)
   __shared__ Stats parts[kMaxClusterRanks];  // rank 0: the cluster's, in rank order
   __shared__ float parts_z[kMaxClusterRanks];
   cg::cluster_group cluster = cg::this_cluster();
-  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
-  const int64_t row = int64_t(blockIdx.x) / ranks;
-  const int64_t begin = int64_t(rank) * seg_units, end = min(p.vocab / W, begin + seg_units);
+  const ClusterRow seg = cluster_row(cluster, p.vocab / W, seg_units);
+  const unsigned rank = seg.rank, ranks = seg.ranks;
+  const int64_t row = seg.row;
   const T* x = p.logits + row * p.logits_stride;
   typename U::Raw raw[kUnits];
-#pragma unroll
-  for (int c = 0; c < kUnits; ++c) {
-    const int64_t u = begin + threadIdx.x + int64_t(c) * kThreads;
-    raw[c] = U::load_or(x + u * W, u < end, -INFINITY);
-  }
+  load_segment<U, kUnits, kThreads>(x, seg, -INFINITY, raw);
   const bool finisher = rank == 0 && threadIdx.x == 0;
   int64_t t = 0;
   float zt = 0.0f;
@@ -228,20 +225,8 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2)
   const bool count_here = reduce.out != nullptr && reduce.divide && reduce.labels != nullptr && p.rows <= kThreads;
   const bool kept_mine = count_here && rank == 0 && threadIdx.x < p.rows &&
                          reduce.labels[int64_t(threadIdx.x) * reduce.labels_stride] != reduce.ignore_index;
-  // Units past the row's end hold -inf (exp 0) after the softcap too; sum z adds in-row units only
-  // (a masked -inf logit makes it -inf, as in the reference).
   float v[kUnits][W], zs[kUnits];
-#pragma unroll
-  for (int c = 0; c < kUnits; ++c) {
-    const bool in = begin + threadIdx.x + int64_t(c) * kThreads < end;
-    const typename U::Floats f = U::widen(raw[c]);
-    zs[c] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-      v[c][j] = in ? cap(f.v[j], p.o.softcap) : -INFINITY;
-      if (in) zs[c] += v[c][j];
-    }
-  }
+  widen_segment<U, kUnits, kThreads, true>(raw, seg, p.o.softcap, v, zs);
   Stats st = cached_stats<T, false>(v);
   st = row_stats<T>(st, kThreads, stats_scratch);
   if (p.o.smoothing > 0.0f) {  // uniform over the launch

@@ -35,6 +35,7 @@
 #include "ops/loss/loss_cuda.cuh"
 #include "ops/loss/loss_cuda.h"
 #include "ops/softmax/cluster_plan.h"
+#include "ops/softmax/cluster_row.cuh"
 #include "ops/softmax/row_reduce.cuh"
 
 namespace opforge {
@@ -43,7 +44,10 @@ namespace {
 
 namespace cg = cooperative_groups;
 using rows::cached_stats;
+using rows::cluster_row;
+using rows::ClusterRow;
 using rows::kLog2e;
+using rows::load_segment;
 using rows::merge_all;
 using rows::row_stats;
 using rows::row_sum;
@@ -53,30 +57,9 @@ using rows::UnitOf;
 
 constexpr int kRanksMost = 8;  // the portable cluster size
 
-template <class T> struct FewArgs {
-  const T* logits;
-  int64_t logits_stride;
-  T* dlogits;
-  int64_t dlogits_stride;
-  int64_t rows, vocab;
-  const int64_t* target;
-  int64_t target_stride;
-  const void* dloss;
-  DType dloss_dtype;
-  int64_t dloss_stride;  // 0 for sum / mean
-  float* loss;           // [rows] (none) or the workspace (sum / mean)
-  int64_t loss_stride;
-  float* lse;
-  int64_t lse_stride;
-  Options o;
-  bool mean;
-  unsigned* arrivals;
-  RowReduce reduce;  // out null: none
-};
-
 // kCapped: a softcap is set (the values stay z for the cap's derivative).
 template <class T, int kUnits, bool kCapped>
-__global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kernel(FewArgs<T> p, int64_t seg_units) {
+__global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kernel(FusedArgs<T> p, int64_t seg_units) {
   programmatic_prologue();  // Note [programmatic launch]
   using U = UnitOf<T, true>;
   constexpr int W = U::width, kThreads = softmax::kClusterThreads;
@@ -86,43 +69,28 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
   __shared__ float part_z;
   __shared__ float row_lse;
   cg::cluster_group cluster = cg::this_cluster();
-  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
-  const int64_t row = int64_t(blockIdx.x) / ranks;
-  const int64_t begin = int64_t(rank) * seg_units, end = min(p.vocab / W, begin + seg_units);
+  const ClusterRow seg = cluster_row(cluster, p.vocab / W, seg_units);
+  const unsigned rank = seg.rank, ranks = seg.ranks;
+  const int64_t row = seg.row, begin = seg.begin, end = seg.end;
   const T* x = p.logits + row * p.logits_stride;
   typename U::Raw raw[kUnits];
-#pragma unroll
-  for (int c = 0; c < kUnits; ++c) {
-    const int64_t u = begin + threadIdx.x + int64_t(c) * kThreads;
-    raw[c] = U::load_or(x + u * W, u < end, -INFINITY);
-  }
+  load_segment<U, kUnits, kThreads>(x, seg, -INFINITY, raw);
   // The row's scalars, in flight with the row.
   const int64_t t = p.target[row * p.target_stride];
-  const bool ignored = t == p.o.ignore_index, bad = !ignored && (t < 0 || t >= p.vocab);
+  const bool ignored = t == p.ignore_index, bad = !ignored && (t < 0 || t >= p.vocab);
   float g = ignored ? 0.0f : load_float(p.dloss, p.dloss_dtype, row * p.dloss_stride);
   const bool finisher = rank == 0 && threadIdx.x == 0;
   float zt = 0.0f;
-  if (finisher && !ignored) zt = bad ? NAN : cap(to_f32(x[t]), p.o.softcap);
-  const bool kept_mine = p.mean && threadIdx.x < p.rows &&
-                         p.target[int64_t(threadIdx.x) * p.target_stride] != p.o.ignore_index;
+  if (finisher && !ignored) zt = bad ? NAN : cap(to_f32(x[t]), p.softcap);
+  const bool kept_mine = p.count_in_block && threadIdx.x < p.rows &&
+                         p.target[int64_t(threadIdx.x) * p.target_stride] != p.ignore_index;
 
-  // Units past the row's end hold -inf (exp 0); sum z adds in-row values only.
   float v[kUnits][W], zs[kUnits];
-#pragma unroll
-  for (int c = 0; c < kUnits; ++c) {
-    const bool in = begin + threadIdx.x + int64_t(c) * kThreads < end;
-    const typename U::Floats f = U::widen(raw[c]);
-    zs[c] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-      v[c][j] = in ? (kCapped ? cap(f.v[j], p.o.softcap) : f.v[j]) : -INFINITY;
-      if (in) zs[c] += v[c][j];
-    }
-  }
+  widen_segment<U, kUnits, kThreads, kCapped>(raw, seg, p.softcap, v, zs);
   Stats st = cached_stats<T, !kCapped>(v);  // without a softcap v now holds exp(z - m_t)
   const float m_t = st.m;
   st = row_stats<T>(st, kThreads, stats_scratch);
-  const bool smoothing = p.o.smoothing > 0.0f;  // uniform over the launch
+  const bool smoothing = p.smoothing > 0.0f;  // uniform over the launch
   float z_cta = 0.0f;
   if (smoothing) z_cta = row_sum(tree_reduce(zs, [](float a, float b) { return a + b; }), kThreads, sum_scratch);
   if (threadIdx.x == 0) part = st, part_z = z_cta;
@@ -142,8 +110,8 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
       p.lse[row * p.lse_stride] = lse;
       float loss = 0.0f;
       if (!ignored) {
-        loss = (1.0f - p.o.smoothing) * (lse - zt) + p.o.z_scale * lse * lse;
-        if (smoothing) loss += p.o.smoothing * lse - p.o.smoothing / float(p.vocab) * z_row;
+        loss = (1.0f - p.smoothing) * (lse - zt) + p.z_scale * lse * lse;
+        if (smoothing) loss += p.smoothing * lse - p.smoothing / float(p.vocab) * z_row;
       }
       p.loss[row * p.loss_stride] = loss;
     }
@@ -152,17 +120,17 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
   __syncthreads();   // row_lse
   const float lse = row_lse;
   float kept = -1.0f;
-  if (p.mean) {  // uniform over the launch
+  if (p.count_in_block) {  // uniform over the launch
     kept = float(__syncthreads_count(kept_mine));
     if (!ignored) g /= kept;
   }
   if (bad) g = NAN;
 
   // dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j == t]), times the softcap's derivative.
-  const float eps = p.o.smoothing / float(p.vocab);
-  const float gs = g * (1.0f + 2.0f * p.o.z_scale * lse), gb = -g * eps, gbt = -g * (eps + 1.0f - p.o.smoothing);
+  const float eps = p.smoothing / float(p.vocab);
+  const float gs = g * (1.0f + 2.0f * p.z_scale * lse), gb = -g * eps, gbt = -g * (eps + 1.0f - p.smoothing);
   const float a = kCapped || m_t == -INFINITY ? 0.0f : gs * expf(m_t - lse);
-  const float lse2 = lse * kLog2e, inv_cap = kCapped ? 1.0f / p.o.softcap : 0.0f;
+  const float lse2 = lse * kLog2e, inv_cap = kCapped ? 1.0f / p.softcap : 0.0f;
   // The target's unit and lane (t_unit -1 for an ignored row or a bad target: no unit of it).
   const int64_t t_unit = ignored || bad ? -1 : t / W;
   const int t_lane = int(t - (t / W) * W);
@@ -225,7 +193,7 @@ bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const Ten
     if (!cuda::cluster_launch_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan.ranks,
                                    cuda::softmax::kClusterThreads, 0))
       return;
-    FewArgs<T> p{};
+    FusedArgs<T> p{};
     p.logits = logits.ptr<T>(), p.logits_stride = row_stride_of(logits);
     p.dlogits = dlogits.ptr<T>(), p.dlogits_stride = row_stride_of(dlogits);
     p.rows = rows, p.vocab = vocab;
@@ -234,8 +202,9 @@ bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const Ten
     p.loss = none ? loss.ptr<float>() : static_cast<float*>(cuda_workspace(ctx, rows * int64_t(sizeof(float))));
     p.loss_stride = none ? stride0(loss) : 1;
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
-    p.o = Options{ignore_index, float(label_smoothing), float(lse_square_scale), float(softcap)};
-    p.mean = mean;
+    p.ignore_index = ignore_index, p.smoothing = float(label_smoothing);
+    p.z_scale = float(lse_square_scale), p.softcap = float(softcap);
+    p.count_in_block = mean;  // each CTA counts a mean's kept rows; p.kept stays null
     if (!none) {
       p.arrivals = cuda_grid_barrier(ctx);
       p.reduce.losses = p.loss, p.reduce.rows = rows, p.reduce.labels = p.target;
