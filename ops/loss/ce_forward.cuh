@@ -60,20 +60,23 @@ template <class T> struct ForwardArgs {
 // online (max, sum of exp) and sum(z). Four loads are issued before the first is used, so a
 // thread keeps four 16-byte requests in flight instead of waiting out each one (what bounds a
 // row scan when a block has only a few units per thread). kGuardedTail: the last, partial batch
-// too (split rows, where a thread has only a few units); else the tail goes one unit at a time,
-// which measured faster for long per-thread loops (cross_entropy at 1024 rows of a 128k vocab on
-// an H100: 100.5 vs 107 us). The order of the adds is the order of u either way.
-template <class T, bool kVec, bool kGuardedTail>
+// too, guarded loads issued together; else the tail goes one unit at a time, a round trip each
+// (Note [plain row scan] in ops/loss/cuda.cu says which kernel takes which). kPlain: no softcap
+// and no label smoothing, so no cap per element and no sum(z) (sum_z is left untouched). The
+// order of the adds is the order of u either way.
+template <class T, bool kVec, bool kGuardedTail, bool kPlain = false>
 __device__ __forceinline__ void scan_units(const T* x, int64_t u, int64_t end, int64_t step, float softcap,
                                            Stats& st, float& sum_z) {
   using U = UnitOf<T, kVec>;
   constexpr int W = U::width, kInFlight = 4;
   auto consume = [&](const typename U::Raw& raw) {
     typename U::Floats z = U::widen(raw);
+    if constexpr (!kPlain) {
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-      z.v[j] = cap(z.v[j], softcap);
-      sum_z += z.v[j];
+      for (int j = 0; j < W; ++j) {
+        z.v[j] = cap(z.v[j], softcap);
+        sum_z += z.v[j];
+      }
     }
     st = add_unit<T>(st, z.v);
   };

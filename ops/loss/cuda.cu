@@ -66,7 +66,18 @@ constexpr int kSplitBlock = 256;  // threads of a split-row block (Note [split r
 // 8,192 x 128,256 take 256 threads either way. OPFORGE_CUDA_CE_ROW_UNITS overrides it (tuning).
 constexpr int64_t kRowUnits = 32;
 
-template <class T, bool kVec>
+// Note [plain row scan]: the 16-byte-pack row kernel is instantiated twice. Calls with no softcap
+// and no label smoothing (kPlain) scan without the per-element cap and sum(z), and their last
+// partial batch of loads is issued together (kGuardedTail; a thread of 31 units had run seven
+// batches of four, then three round trips of one); calls with either option, and the scalar
+// kernel, keep the general scan with the tail a unit at a time. H200, same binary,
+// OPFORGE_CUDA_CE_PLAIN=0 (the general kernel for every call) -> default, two repetitions, us:
+// bf16 1,024 x 32,000 22.18 / 22.20 -> 21.22 / 21.16 (71% -> 74% of copy), 1,024 x 128,256
+// 69.96 / 69.97 -> 67.69 / 67.70 (90% -> 93%), 8,192 x 128,256 481.5 / 481.7 -> 468.6 / 468.7;
+// f32 1,024 x 32,000 40.50 / 40.53 -> 38.73 / 38.70, f16 22.30 / 22.19 -> 20.96 / 21.00. The plain
+// scan with the unit-at-a-time tail was slower at 1,024 x 128,256; prefetching the next batch and
+// eight loads a batch were slower too (docs/perf/gpu-h200-2026-12-01-round34.md).
+template <class T, bool kVec, bool kPlain = false>
 __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) {
   programmatic_prologue();  // Note [programmatic launch]
   __shared__ Stats stats_scratch[32];
@@ -80,7 +91,7 @@ __global__ void __launch_bounds__(256) forward_kernel(ForwardArgs<T> p, int rt) 
     const bool live = row < p.rows;
     Stats st{-INFINITY, 0.0f};
     float sum_z = 0.0f;
-    if (live) scan_units<T, kVec, false>(p.logits + row * p.logits_stride, tid, units, rt, p.o.softcap, st, sum_z);
+    if (live) scan_units<T, kVec, kPlain, kPlain>(p.logits + row * p.logits_stride, tid, units, rt, p.o.softcap, st, sum_z);
     st = row_stats<T>(st, rt, stats_scratch);
     if (p.o.smoothing > 0.0f) sum_z = row_sum(sum_z, rt, sum_scratch);
     if (live && tid == 0) {
@@ -480,7 +491,10 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     if constexpr (kVec) {
       if (launch_forward_pipeline(ctx, p, units, blocks)) return;  // Note [cross_entropy row pipeline]
     }
-    launch_programmatic(ctx, "cross_entropy kernel launch", forward_kernel<T, kVec>, dim3(unsigned(blocks)),
+    static const bool plain_on = !env_off("OPFORGE_CUDA_CE_PLAIN");  // Note [plain row scan]
+    const bool plain = kVec && plain_on && o.softcap == 0.0f && o.smoothing == 0.0f;
+    auto kernel = plain ? forward_kernel<T, kVec, true> : forward_kernel<T, kVec, false>;
+    launch_programmatic(ctx, "cross_entropy kernel launch", kernel, dim3(unsigned(blocks)),
                         dim3(block), 0, p, rt);
   });
   if (red != Red::none && !reduced) launch_row_reduce(ctx, reduce, "cross_entropy reduction launch");
