@@ -55,6 +55,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/layernorm/internal.h"
+#include "backends/cpu/tiling.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::layernorm_cpu::HWY_NAMESPACE {
@@ -348,6 +349,20 @@ template <class T, bool kStream, int R>
 void ln_backward_dx(const T* const (&dy)[R], const T* const (&x)[R], T* const (&dx)[R], const BwdRow (&c)[R],
                     const float* w, float* dw_part, float* db_part, int64_t hidden, const T* next_x,
                     const T* next_dy, int64_t next_stride_x, int64_t next_stride_dy) {
+  if constexpr (kStream && R > 1) {  // Note [line blocks] (src/backends/cpu/tiling.h)
+    for (int64_t c0 = 0; c0 < hidden; c0 += cpu::kLineBlock) {
+      const int64_t n = std::min(cpu::kLineBlock, hidden - c0);
+      for (int q = 0; q < R; ++q) {
+        const T* const qdy[1] = {dy[q] + c0};
+        const T* const qx[1] = {x[q] + c0};
+        T* const qdx[1] = {dx[q] + c0};
+        const BwdRow qc[1] = {c[q]};
+        ln_backward_dx<T, kStream, 1>(qdy, qx, qdx, qc, w + c0, dw_part + c0, db_part + c0, n,
+                                      next_x + q * next_stride_x + c0, next_dy + q * next_stride_dy + c0, 0, 0);
+      }
+    }
+    return;
+  }
   VF k[R], mean[R], rstd[R], mean_g[R], mean_gx[R];
   for (int r = 0; r < R; ++r) {
     k[r] = hn::Set(DF(), c[r].k), mean[r] = hn::Set(DF(), c[r].mean_d), rstd[r] = hn::Set(DF(), c[r].rstd);

@@ -56,6 +56,7 @@
 #include <type_traits>
 
 #include "backends/cpu/simd-inl.h"
+#include "backends/cpu/tiling.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "ops/norm/internal.h"
@@ -281,10 +282,25 @@ BackwardCoef backward_coef(const BackwardRow<T>& r, const float* gain, int64_t h
 // The second pass of R backward rows (1 or 2) at once, from cache: dx (and dresidual), and
 // dy * s * rstd added into `partial` (f32, hidden long, Note [pair order]) row after row, the
 // order of one row at a time, with one load and store of the partial per R rows (Note [row
-// pairs] in ops/layernorm/cpu.cpp).
+// pairs] in ops/layernorm/cpu.cpp). With streaming stores the rows take turns by blocks of
+// cpu::kLineBlock columns instead (Note [line blocks], src/backends/cpu/tiling.h); the same
+// sums in the same order.
 template <class T, bool kFused, bool kStream, int R>
 void backward_dx_rows(const BackwardRow<T> (&r)[R], const BackwardCoef (&k)[R], const float* gain, float* partial,
                       int64_t hidden) {
+  if constexpr (kStream && R > 1) {  // Note [line blocks] (src/backends/cpu/tiling.h)
+    for (int64_t c0 = 0; c0 < hidden; c0 += cpu::kLineBlock) {
+      const int64_t n = std::min(cpu::kLineBlock, hidden - c0);
+      for (int q = 0; q < R; ++q) {
+        BackwardRow<T> one[1] = {r[q]};
+        one[0].dy += c0, one[0].x += c0, one[0].dx += c0;
+        if constexpr (kFused) one[0].ds += c0, one[0].residual += c0, one[0].dresidual += c0;
+        const BackwardCoef kq[1] = {k[q]};
+        backward_dx_rows<T, kFused, kStream, 1>(one, kq, gain + c0, partial + c0, n);
+      }
+    }
+    return;
+  }
   for_each_pair(
       hidden,
       [&](int64_t i) {

@@ -109,6 +109,17 @@ bool single_thread_call(double bytes);
 // arithmetic, streaming did not help them). OPFORGE_CPU_STREAM_BYTES (bytes, "64M" style)
 // overrides the share.
 inline constexpr int64_t kStreamBytesPerThread = int64_t(32) << 20;
+
+// Note [line blocks]: a row-pair pass (Note [row pairs] in ops/layernorm/cpu.cpp) that streams its
+// outputs lets the rows take turns by blocks of kLineBlock columns (whole 64-byte lines of every
+// output, 512 bytes in bf16) rather than a vector or pair step at a time, so each row's
+// non-temporal stores fill their lines one after another instead of two or four rows' lines being
+// filled in turn. The values and the order of every sum stay those of the pair pass (the f32
+// partials are added row after row per column either way; a block starts on a pair step). On the
+// 2-core Zen 3 VM (AVX2), 16,384 x 4,096 bf16, the alternating stores ran at 1.6-2.1 GB/s for
+// layer_norm_backward, 4.2-4.7 for rms_norm_backward and 3.9-4.2 for fused_add_rms_norm_backward;
+// by blocks 7.6-8.2, 14.0-15.9 and 8.4-8.6 (docs/perf/cpu.md).
+inline constexpr int64_t kLineBlock = 256;
 int64_t stream_bytes();
 bool stream_outputs(double bytes_moved, std::initializer_list<const TensorView*> outputs);
 
