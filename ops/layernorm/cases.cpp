@@ -107,6 +107,10 @@ std::vector<Case> row_cases(const RowSpec& spec) {
   add("16x8192", CaseGroup::edge, {16, 8192});
   add("48x1024", CaseGroup::edge, {48, 1024});
   add("9x4104_mean_100", CaseGroup::edge, {9, 4104}, {0, 0, false, true});
+  // At least as many rows as SMs, and enough for the CUDA backward's pipeline, whose dw and db it
+  // then sums by columns (Note [column dw]): 125 bf16 packs a row, under a large mean.
+  add("133x1000", CaseGroup::edge, {133, 1000});
+  add("600x1000_mean_100", CaseGroup::edge, {600, 1000}, {0, 0, false, true});
   if (spec.in_place) {
     add("7x33_in_place", CaseGroup::edge, {7, 33});
     cases.back().in_place = {{"y", "x"}};

@@ -28,7 +28,10 @@
 // 16-bit types, 4,096 in f32). Rows in the order of Note [row order]. dw and db: each block writes
 // one row of partials [G, 2 * hidden] (dw then db), a grid barrier, then the fixed-order column sums
 // of Note [one-launch dw] (ops/norm/cuda_backward.cu): the bits depend only on the inputs and the
-// device, no float atomics.
+// device, no float atomics. Where x and dy read again are no more bytes than those partial rows
+// (up to about 1,024 rows of 4,096 in 16-bit types on an H200), each block writes its rows'
+// (c, rstd, nshift) instead and dw and db are summed by columns after the barrier (Note [column
+// dw], ops/norm/cuda_backward.cuh): bf16 1,024 x 4,096 17.6-18.7 -> 17.3-18.3 us.
 //
 // Assumes what the cuda_vec16_async predicate checks: every row 16-byte aligned (base and stride),
 // hidden a multiple of the 16-byte pack (a row is a whole number of 16-byte units, as a bulk copy
@@ -57,7 +60,44 @@ using norm::stage_pack;
 constexpr int64_t kMinRowsPerSm = 4;
 constexpr int64_t kF32RingRowsPerSm = 16;
 
-template <class T, int K>
+// The row statistics Note [column dw] keeps a row: c, rstd, nshift (xhat = (x - c) rstd + nshift).
+constexpr int kRowStats = 3;
+
+// Phase 2 under Note [column dw] (ops/norm/cuda_backward.cuh): dw = sum dy * xhat, db = sum dy,
+// each term as phase 1 forms it from the row's statistics `stats` [rows, 3].
+template <class T>
+__device__ __forceinline__ void ln_dw_db_by_columns(const BwdArgs<T>& a, const float* stats, float* red, T* dw_out,
+                                                    int64_t dw_stride, T* db_out, int64_t db_stride) {
+  constexpr int N = Pack<T>::n;
+  struct Item {
+    Pack<T> x, g;
+    float c, rstd, nshift;
+  };
+  auto load = [&](int64_t row, int pack) {
+    Item it;
+    it.x = load_pack_readonly(a.x + row * a.x_stride + int64_t(pack) * N);
+    it.g = load_pack_readonly(a.dy + row * a.dy_stride + int64_t(pack) * N);
+    it.c = __ldcg(stats + row * kRowStats);
+    it.rstd = __ldcg(stats + row * kRowStats + 1);
+    it.nshift = __ldcg(stats + row * kRowStats + 2);
+    return it;
+  };
+  auto add = [](const Item& it, float (&acc)[2][N]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float gy = to_f32(it.g.v[j]);
+      acc[0][j] = fmaf(gy, fmaf(to_f32(it.x.v[j]) - it.c, it.rstd, it.nshift), acc[0][j]);
+      acc[1][j] += gy;
+    }
+  };
+  norm::column_sums<T, 2, 4>(a.rows, int(a.hidden / N), red, load, add, [&](int m, int64_t col, float total) {
+    if (m == 0) dw_out[col * dw_stride] = from_f32<T>(total);
+    else db_out[col * db_stride] = from_f32<T>(total);
+  });
+}
+
+// kColumns: Note [column dw]; `partial` then holds the rows' statistics [rows, 3].
+template <class T, int K, bool kColumns>
 __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     layer_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
                                int stages, unsigned* barrier, T* dw_out, int64_t dw_stride, T* db_out,
@@ -144,6 +184,11 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     const float mean_gx = st.gd * rstd * inv_h;
     // dx = rstd g - rstd mean_gx xhat - rstd mean_g, xhat = (x - c) rstd - shift rstd.
     const float nb = -rstd * mean_gx, ne = -rstd * mean_g, nshift = -st.shift * rstd;
+    if (kColumns && threadIdx.x == 0) {
+      partial[row * kRowStats] = c;
+      partial[row * kRowStats + 1] = rstd;
+      partial[row * kRowStats + 2] = nshift;
+    }
     T* dx = a.dx + row * a.dx_stride;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -157,43 +202,62 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
         const float gy = to_f32(gp.v[j]);
         const float xhat = fmaf(to_f32(xp.v[j]) - c, rstd, nshift);
         out.v[j] = from_f32<T>(fmaf(rstd, gy * wf[k][j], fmaf(xhat, nb, ne)));
-        dw[k][j] = fmaf(gy, xhat, dw[k][j]);
-        db[k][j] += gy;
+        if constexpr (!kColumns) {
+          dw[k][j] = fmaf(gy, xhat, dw[k][j]);
+          db[k][j] += gy;
+        }
       }
       store_pack(dx + i * N, out);
     }
     if (++s == stages) s = 0, parity ^= 1u;
   }
 
-  float* part = partial + int64_t(blockIdx.x) * 2 * a.hidden;
-  norm::store_partial_row<T, K>(part, a.hidden, dw);
-  norm::store_partial_row<T, K>(part + a.hidden, a.hidden, db);
-  grid_barrier(barrier, gridDim.x);
-  // dw and db together: the 2 * hidden columns of the G partial rows.
-  norm::reduce_partials(partial, gridDim.x, 2 * a.hidden, slice, [&](int64_t col, float total) {
-    if (col < a.hidden) dw_out[col * dw_stride] = from_f32<T>(total);
-    else db_out[(col - a.hidden) * db_stride] = from_f32<T>(total);
-  });
+  if constexpr (kColumns) {
+    grid_barrier(barrier, gridDim.x);
+    ln_dw_db_by_columns(a, partial, slice, dw_out, dw_stride, db_out, db_stride);
+  } else {
+    float* part = partial + int64_t(blockIdx.x) * 2 * a.hidden;
+    norm::store_partial_row<T, K>(part, a.hidden, dw);
+    norm::store_partial_row<T, K>(part + a.hidden, a.hidden, db);
+    grid_barrier(barrier, gridDim.x);
+    // dw and db together: the 2 * hidden columns of the G partial rows.
+    norm::reduce_partials(partial, gridDim.x, 2 * a.hidden, slice, [&](int64_t col, float total) {
+      if (col < a.hidden) dw_out[col * dw_stride] = from_f32<T>(total);
+      else db_out[(col - a.hidden) * db_stride] = from_f32<T>(total);
+    });
+  }
 }
 
 template <class T, int K>
 bool launch_k(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, const TensorView& db,
               int block) {
-  auto kernel = layer_norm_bwd_bulk_kernel<T, K>;
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
   // Two blocks an SM at one pack a thread (64 registers), one at two.
-  static BulkCache cache;
+  auto plan_for = [&](auto kernel, BulkCache& cache, BulkPlan& plan) {
+    return plan_bulk(kernel, cache, props, 2 * a.hidden * int64_t(sizeof(T)), K == 1 ? 2 : 1, block, plan);
+  };
+  static BulkCache rows_cache, columns_cache;
+  auto rows_kernel = layer_norm_bwd_bulk_kernel<T, K, false>;
+  auto columns_kernel = layer_norm_bwd_bulk_kernel<T, K, true>;
   BulkPlan plan;
-  if (!plan_bulk(kernel, cache, props, 2 * a.hidden * int64_t(sizeof(T)), K == 1 ? 2 : 1, block, plan))
-    return false;
-  const norm::OneLaunchGrid g = norm::one_launch_grid(a.rows, 2 * a.hidden, plan.resident, block);
-  auto* partial =
-      static_cast<float*>(cuda_workspace(ctx, g.blocks * 2 * a.hidden * int64_t(sizeof(float))));
+  if (!plan_for(rows_kernel, rows_cache, plan)) return false;
+  norm::OneLaunchGrid g = norm::one_launch_grid(a.rows, 2 * a.hidden, plan.resident, block);
+  // Note [column dw] reads x and dy again, against partial rows of dw and db.
+  const int64_t reread = 2 * a.rows * a.hidden * int64_t(sizeof(T));
+  const int64_t partials = 2 * g.blocks * 2 * a.hidden * int64_t(sizeof(float));
+  BulkPlan columns_plan;
+  const bool columns =
+      norm::column_dw_pays(props, a.rows, reread, partials) && plan_for(columns_kernel, columns_cache, columns_plan);
+  if (columns) {
+    plan = columns_plan;
+    g = norm::one_launch_grid(a.rows, 2 * a.hidden, plan.resident, block);
+  }
+  const int64_t floats = columns ? a.rows * kRowStats : g.blocks * 2 * a.hidden;  // statistics, or partials
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, floats * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
-  launch_cooperative(ctx, "layer_norm_backward_cuda_vec16_async bulk-copy launch", kernel, g.blocks, block,
-                     size_t(plan.smem), a, partial, g.rows_per_block, norm::bulk_rows_strided(),
-                     plan.stages, barrier, dw.ptr<T>(), int64_t(dw.stride(0)), db.ptr<T>(),
-                     int64_t(db.stride(0)));
+  launch_cooperative(ctx, "layer_norm_backward_cuda_vec16_async bulk-copy launch", columns ? columns_kernel : rows_kernel,
+                     g.blocks, block, size_t(plan.smem), a, partial, g.rows_per_block, norm::bulk_rows_strided(),
+                     plan.stages, barrier, dw.ptr<T>(), int64_t(dw.stride(0)), db.ptr<T>(), int64_t(db.stride(0)));
   return true;
 }
 

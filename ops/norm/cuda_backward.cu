@@ -19,6 +19,8 @@
 //    Few rows (up to 32 at hidden 4,096 bf16) go to one thread-block cluster (Note [few-row
 //    backward cluster]); from 16 rows an SM on (4 with the residual) the rows stream through
 //    shared memory filled by bulk copies (Note [bulk-copy row pipeline], cuda_backward_bulk.cu).
+//    At a few rows a block, where reading x and dy again moves fewer bytes than the partial rows,
+//    dw is summed by columns after the grid barrier instead (Note [column dw], cuda_backward.cuh).
 //  - cuda (priority 100): any layout; scalar loads, two passes over each row.
 //  f32 arithmetic, int64 indexing, launches on ctx.stream, no host synchronization; the workspace
 //  is allocated only on the first call with a larger shape. The scalar kernel and the dw
@@ -179,10 +181,12 @@ __device__ __forceinline__ void store_dx_pack(const BwdRow<T>& p, int col, const
 // other block covers. H200, 16384 x 4096 bf16, % of copy for rms_norm_backward / fused: R = 1
 // 69% / 82%, R = 2 48% / 65%, R = 4 51% / (spills, not run). Prefetching the next row while
 // reducing the current one was also slower (65% / 79%).
-template <class T, int K, int R, bool kFused>
+// kColumns: Note [column dw] (R = 1 only): `partial` holds each row's r instead of partial rows.
+template <class T, int K, int R, bool kFused, bool kColumns = false>
 __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
     rms_norm_bwd_vec_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
                             unsigned* barrier, T* dw_out, int64_t dw_stride) {
+  static_assert(!kColumns || R == 1, "column dw: one row at a time");
   constexpr int N = Pack<T>::n;
   __shared__ float scratch[2 * R * 32];
   __shared__ float slice[kBwdMaxThreads];
@@ -242,17 +246,23 @@ __global__ void __launch_bounds__(kBwdMaxThreads, R == 1 && K == 1 ? 2 : 1)
       if (base + r >= last) continue;
       const BwdRow<T> p = bwd_row<T, kFused>(a, base + r);
       const float2 scale = row_scales(make_float2(sums[2 * r], sums[2 * r + 1]), a);
+      if (kColumns && threadIdx.x == 0) partial[base + r] = scale.x;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int i = threadIdx.x + k * threads;
-        if (i < n_packs)
+        if (i < n_packs)  // with kColumns dw is never read: the compiler drops its sums
           store_dx_pack<T, kFused>(p, i * N, xp[r][k], gp[r][k], wp[k], a.offset, scale, dw[k]);
       }
     }
   }
-  store_partial_row<T, K>(partial + int64_t(blockIdx.x) * a.hidden, a.hidden, dw);
-  grid_barrier(barrier, gridDim.x);
-  dw_from_partials(partial, a.hidden, slice, dw_out, dw_stride);
+  if constexpr (kColumns) {
+    grid_barrier(barrier, gridDim.x);
+    rms_dw_by_columns<T, kFused>(a, partial, slice, dw_out, dw_stride);
+  } else {
+    store_partial_row<T, K>(partial + int64_t(blockIdx.x) * a.hidden, a.hidden, dw);
+    grid_barrier(barrier, gridDim.x);
+    dw_from_partials(partial, a.hidden, slice, dw_out, dw_stride);
+  }
 }
 
 // ---- few rows: one cluster ------------------------------------------------------------------------
@@ -360,25 +370,35 @@ bool launch_bwd_cluster(const Context& ctx, const BwdArgs<T>& a, const TensorVie
 // ---- launchers -------------------------------------------------------------------------------------
 template <class T, int K, int R, bool kFused>
 void launch_vec_coop(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, int block) {
-  auto kernel = rms_norm_bwd_vec_kernel<T, K, R, kFused>;
-  // Blocks of this instantiation that fit on one SM, cached per block size (a cooperative launch
-  // of more blocks than fit is refused).
-  static std::atomic<int> per_sm[kBwdMaxThreads / 32 + 1];
-  int fit = per_sm[block / 32].load(std::memory_order_relaxed);
-  if (fit == 0) {
-    OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, block, 0));
-    fit = std::max(fit, 1);
-    per_sm[block / 32].store(fit, std::memory_order_relaxed);
-  }
-  const int64_t resident = int64_t(fit) * cuda_device_props(ctx.device.index).sm_count;
-  const OneLaunchGrid g = one_launch_grid(a.rows, a.hidden, resident, block, R);
-  auto* partial = static_cast<float*>(cuda_workspace(ctx, g.blocks * a.hidden * int64_t(sizeof(float))));
+  const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
+  // Blocks of an instantiation that fit on one SM, cached per block size (a cooperative launch of
+  // more blocks than fit is refused).
+  auto fitting = [&](auto kernel, std::atomic<int>(&per_sm)[kBwdMaxThreads / 32 + 1]) {
+    int fit = per_sm[block / 32].load(std::memory_order_relaxed);
+    if (fit == 0) {
+      OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, block, 0));
+      fit = std::max(fit, 1);
+      per_sm[block / 32].store(fit, std::memory_order_relaxed);
+    }
+    return int64_t(fit) * props.sm_count;
+  };
+  static std::atomic<int> per_sm_rows[kBwdMaxThreads / 32 + 1], per_sm_columns[kBwdMaxThreads / 32 + 1];
+  constexpr bool kCanColumns = R == 1;  // Note [column dw]: one row at a time
+  auto rows_kernel = rms_norm_bwd_vec_kernel<T, K, R, kFused, false>;
+  auto columns_kernel = rms_norm_bwd_vec_kernel<T, K, R, kFused, kCanColumns>;
+  OneLaunchGrid g = one_launch_grid(a.rows, a.hidden, fitting(rows_kernel, per_sm_rows), block, R);
+  const int64_t reread = (kFused ? 3 : 2) * a.rows * a.hidden * int64_t(sizeof(T));  // x, dy (, residual)
+  const int64_t partials = 2 * g.blocks * a.hidden * int64_t(sizeof(float));
+  const bool columns = kCanColumns && column_dw_pays(props, a.rows, reread, partials);
+  if (columns) g = one_launch_grid(a.rows, a.hidden, fitting(columns_kernel, per_sm_columns), block, R);
+  const int64_t floats = columns ? a.rows : g.blocks * a.hidden;  // rows' r, or partial rows
+  auto* partial = static_cast<float*>(cuda_workspace(ctx, floats * int64_t(sizeof(float))));
   unsigned* barrier = cuda_grid_barrier(ctx);
   launch_cooperative(ctx,
                      kFused ? "fused_add_rms_norm_backward_cuda_vec16 cooperative launch"
                             : "rms_norm_backward_cuda_vec16 cooperative launch",
-                     kernel, g.blocks, block, 0, a, partial, g.rows_per_block, bulk_rows_strided(), barrier, dw.ptr<T>(),
-                     int64_t(dw.stride(0)));
+                     columns ? columns_kernel : rows_kernel, g.blocks, block, 0, a, partial, g.rows_per_block,
+                     bulk_rows_strided(), barrier, dw.ptr<T>(), int64_t(dw.stride(0)));
 }
 
 template <class T, bool kFused>

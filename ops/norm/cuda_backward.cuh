@@ -119,14 +119,123 @@ __device__ __forceinline__ void store_partial_row(float* dst, int64_t hidden, co
   }
 }
 
+// Note [column dw]: at a few rows a block, the partial rows of Note [one-launch dw] cost about
+// what the rows do: [G, hidden] floats written, the grid barrier, then read back (H200, bf16 1,024
+// x 4,096 rms_norm_backward: 8.3 us for the rows, 5.6 more for dw; round 26). Where reading the
+// call's inputs again moves fewer bytes (column_dw_pays), phase 1 writes only S floats a row (the
+// row's statistics, `stats` [rows, S]) and phase 2 reads the rows' x and dy again, from L2, by
+// columns: block b takes column units b, b + G, ... (a unit is two 16-byte packs of a row, lanes
+// 2q and 2q + 1 of each warp), lane pair q of warp w the rows q + 16 w + 16 W k (W warps) in
+// increasing order, kBatch rows' loads in flight. Each thread sums its rows' terms in f32, a
+// butterfly adds the 16 pairs of a warp, then thread t < 2 M N adds the warps' sums in order from
+// shared memory and hands column total m to out(m, column, total). The order depends on the row
+// count and the block size only (not on G or timing): the same bits every run. `load(row, pack)`
+// returns what a row contributes to a pack, `add(item, acc)` adds it to acc[M][N]; `red` holds
+// 2 M N W floats (at most 512 for M = 2 and 16-bit packs: blocks of up to 512 threads).
+template <class T, int M, int kBatch, class Load, class Add, class Out>
+__device__ __forceinline__ void column_sums(int64_t rows, int n_packs, float* red, Load load, Add add, Out out) {
+  static_assert(kBatch == 2 || kBatch == 4, "column_sums: 2 or 4 rows in flight");
+  constexpr int N = Pack<T>::n;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int half = lane & 1, q = lane >> 1;
+  const int64_t step = 16 * int64_t(warps);
+  const int units = (n_packs + 1) / 2;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {  // block-uniform
+    const int pack = 2 * u + half;
+    float acc[M][N];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[m][j] = 0.0f;
+    if (pack < n_packs) {
+      int64_t r = q + 16 * warp;
+      for (; r + (kBatch - 1) * step < rows; r += kBatch * step) {  // the batch's loads issued together
+        if constexpr (kBatch == 4) {
+          const auto i0 = load(r, pack), i1 = load(r + step, pack), i2 = load(r + 2 * step, pack),
+                     i3 = load(r + 3 * step, pack);
+          add(i0, acc), add(i1, acc), add(i2, acc), add(i3, acc);
+        } else {
+          const auto i0 = load(r, pack), i1 = load(r + step, pack);
+          add(i0, acc), add(i1, acc);
+        }
+      }
+      for (; r < rows; r += step) add(load(r, pack), acc);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        float v = acc[m][j];
+#pragma unroll
+        for (int o = 16; o >= 2; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (q == 0) red[((warp * 2 + half) * M + m) * N + j] = v;
+      }
+    __syncthreads();
+    if (int(threadIdx.x) < 2 * M * N) {
+      const int h = threadIdx.x / (M * N), mj = threadIdx.x % (M * N), p = 2 * u + h;
+      if (p < n_packs) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; ++w) total += red[(w * 2 + h) * M * N + mj];
+        out(mj / N, int64_t(p) * N + mj % N, total);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Phase 2 of the rms_norm backwards under Note [column dw]: dw = sum over rows of dy * x * r
+// (fused: x the rounded x + residual), each term as phase 1 would have formed it; `rstd` [rows]
+// was written by other blocks before the grid barrier (__ldcg), x and dy are inputs (read-only).
+// Two rows in flight with the residual (four spilled at 64 registers).
+template <class T, bool kFused>
+__device__ __forceinline__ void rms_dw_by_columns(const BwdArgs<T>& a, const float* rstd, float* red, T* dw_out,
+                                                  int64_t dw_stride) {
+  constexpr int N = Pack<T>::n;
+  struct Item {
+    Pack<T> x, g;
+    float r;
+  };
+  auto load = [&](int64_t row, int pack) {
+    const BwdRow<T> p = bwd_row<T, kFused>(a, row);
+    Item it;
+    it.x = load_pack_readonly(p.x + int64_t(pack) * N);
+    if constexpr (kFused) it.x = rounded_sum(it.x, load_pack_readonly(p.r + int64_t(pack) * N));
+    it.g = load_pack_readonly(p.dy + int64_t(pack) * N);
+    it.r = __ldcg(rstd + row);
+    return it;
+  };
+  auto add = [](const Item& it, float (&acc)[1][N]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[0][j] += to_f32(it.g.v[j]) * to_f32(it.x.v[j]) * it.r;
+  };
+  column_sums<T, 1, kFused ? 2 : 4>(a.rows, int(a.hidden / N), red, load, add,
+                    [&](int, int64_t col, float total) { dw_out[col * dw_stride] = from_f32<T>(total); });
+}
+
+// Whether a one-launch backward takes Note [column dw]: where phase 2 would read again no more
+// bytes (`reread`: rows x hidden x the tensors it needs) than the partial rows move (`partials`:
+// G x hidden x the quantities summed, f32, written and read), within half the L2 cache, and with
+// at least as many rows as SMs (fewer were not measured). The L2 of an H200 is not much faster
+// than its DRAM, so the bytes decide (docs/perf/gpu-h200-2026-12-01-round35.md, bf16, partial
+// rows against columns in one call): rms_norm_backward 133 x 1,000 5.4 -> 4.0 us, 300 x 4,104
+// (the break-even point) 10.6 -> 10.1-10.7, layer_norm_backward 1,024 x 4,096 17.6 -> 17.5; past
+// the rule the columns were slower (rms_norm_backward 1,024 x 4,096 13.5 -> 13.9, 2,400 x 2,048
+// 15.2 -> 20.7). OPFORGE_CUDA_NORM_COLUMNS=0 keeps the partial rows, =2 takes the columns at any
+// size (tuning, checks).
+inline bool column_dw_pays(const CudaDeviceProps& props, int64_t rows, int64_t reread, int64_t partials) {
+  static const bool off = env_off("OPFORGE_CUDA_NORM_COLUMNS");
+  static const bool always = env_choice("OPFORGE_CUDA_NORM_COLUMNS", 2, 2) == 2;
+  return !off && (always || (rows >= props.sm_count && reread <= partials && reread <= props.l2_bytes / 2));
+}
+
 // ---- bulk-copy row pipelines (Note [bulk-copy row pipeline], cuda_backward_bulk.cu) -----------------
 // Stages of a ring, at most. Up to 6 (what two blocks of the bf16 rms_norm pipeline can hold)
 // measured no faster at 16,384 x 4,096 on an H200 (110.2-110.7 against 112.5 us;
 // docs/perf/gpu-h200-2026-11-28-round20.md).
 inline constexpr int kBulkMaxStages = 4;
-// Static shared memory of a pipeline kernel (barriers, reduction scratch for up to 4 values, the
-// partials' slice) plus the 1 KB the runtime reserves per block, left out of a block's share.
-inline constexpr int64_t kBulkStaticBytes = kBulkMaxStages * 8 + 4 * 32 * 4 + kBwdMaxThreads * 4 + 1024;
+// Shared memory the runtime reserves per block (besides the kernel's static arrays), left out of
+// a block's share.
+inline constexpr int64_t kBlockReservedSmem = 1024;
 
 // Note [row order]: the rows a block of a pipeline takes, `begin`, `begin + step`, ... below `end`.
 // Strided (block b: b, b + G, b + 2G, ...) keeps the rows that all blocks read at one time within a
@@ -188,6 +297,7 @@ struct BulkPlan {
 };
 struct BulkCache {
   std::atomic<bool> limit_set{false};
+  std::atomic<int64_t> static_bytes{-1};  // the kernel's static shared memory
   std::atomic<int> per_sm[kBwdMaxThreads / 32 + 1][kBulkMaxStages + 1]{};
 };
 // `want_blocks` blocks of `block` threads share an SM's shared memory; a stage holds
@@ -195,8 +305,15 @@ struct BulkCache {
 template <class Kernel>
 bool plan_bulk(Kernel kernel, BulkCache& cache, const CudaDeviceProps& props, int64_t stage_bytes,
                int want_blocks, int block, BulkPlan& plan) {
-  const int64_t most = props.shared_per_block_optin - kBulkStaticBytes;
-  const int64_t share = std::min(props.shared_per_sm / want_blocks - kBulkStaticBytes, most);
+  int64_t fixed = cache.static_bytes.load(std::memory_order_relaxed);
+  if (fixed < 0) {
+    cudaFuncAttributes attr{};
+    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    fixed = int64_t(attr.sharedSizeBytes);
+    cache.static_bytes.store(fixed, std::memory_order_relaxed);
+  }
+  const int64_t most = props.shared_per_block_optin - fixed;
+  const int64_t share = std::min(props.shared_per_sm / want_blocks - fixed - kBlockReservedSmem, most);
   plan.stages = int(std::min<int64_t>(kBulkMaxStages, share / stage_bytes));
   if (plan.stages < 2) return false;
   plan.smem = plan.stages * stage_bytes;

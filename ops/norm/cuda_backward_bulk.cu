@@ -42,6 +42,18 @@
 //    213.9 us (88.4% -> 90.1 / 89.6% of copy), f16 215.5 -> 213.4 / 212.9, 1,024 tokens bf16
 //    20.5 / 19.6 -> 18.2 / 17.3 us; rms_norm_backward bf16 unchanged (109.6 / 109.3 against 109.9 /
 //    109.9), f16 115.8 / 115.4 -> 114.4 / 114.1 (docs/perf/gpu-h200-2026-11-29-round24.md).
+//  - Note [pipeline row pairs]: where the ring holds four stages (x and dy of a 16-bit row of
+//    4,096; not with the residual, whose stages are twice the size), a block takes its rows two at
+//    a time:
+//    both rows' sums in one block reduction (block_sum_once<4>), then both rows' dx, and the two
+//    stages of the previous pair refilled together. Per row that halves the reduction's barrier
+//    and shuffles, the stage waits and the loop's bookkeeping, which the profile of round 21 put
+//    beside the element math as what bounds the kernel (the warps of a block idle together at
+//    each row's barrier). H200, bf16 16,384 x 4,096, pairs off / on in one call
+//    (docs/perf/gpu-h200-2026-12-01-round35.md): rms_norm_backward 109.6 -> 105.9 us (87.4% ->
+//    90.4% of copy), gemma_rms_norm_backward 109.5 -> 106.1 (87.4% -> 90.3%); the same pairs in
+//    layer_norm_backward's pipeline ran slower (125.8 -> 128.0) and are not used there.
+//    OPFORGE_CUDA_NORM_PAIRS=0 takes one row at a time (side-by-side timing).
 //  - OPFORGE_CUDA_NORM_BULK=0 turns the pipeline off (side-by-side timing, and checks of the
 //    register-resident kernel at many rows).
 // f32 arithmetic, int64 row offsets, launches on ctx.stream, no host synchronization.
@@ -61,7 +73,8 @@ namespace {
 constexpr int64_t kBulkMinRowsPerSm = 16;
 constexpr int64_t kBulkMinRowsPerSmFused = 4;
 
-template <class T, int K, bool kFused>
+// R: rows a turn (Note [pipeline row pairs]: 1 or 2; two share one block reduction and need 2R stages).
+template <class T, int K, bool kFused, int R>
 __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     rms_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
                              int stages, unsigned* barrier, T* dw_out, int64_t dw_stride) {
@@ -69,7 +82,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
   constexpr int kTensors = kFused ? 4 : 2;  // x, dy (, residual, ds) of a row
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ uint64_t full[kBulkMaxStages];
-  __shared__ float scratch[2 * 2 * 32];
+  __shared__ float scratch[2 * 2 * R * 32];
   __shared__ float slice[kBwdMaxThreads];
   unsigned turn = 0;  // block_sum_once's scratch half
   const int n_packs = int(a.hidden / N);
@@ -123,49 +136,74 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
 
   int s = 0;
   unsigned parity = 0;
-  for (int64_t row = rows.begin; row < rows.end; row += rows.step) {  // block-uniform
-    bulk_wait(&full[s], parity);
-    const unsigned char* stage = ring + size_t(s) * stage_bytes;
+  // The turn's rows are the block's rows n, ..., n + R - 1 (row n in stage s with parity `parity`).
+  for (int64_t row = rows.begin; row < rows.end; row += R * rows.step) {  // block-uniform
+    const unsigned char* stage[R];
+    bool live[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      live[r] = r == 0 || row + r * rows.step < rows.end;  // block-uniform
+      int sr = s + r;
+      unsigned pr = parity;
+      if (r > 0 && sr >= stages) sr -= stages, pr ^= 1u;
+      stage[r] = ring + size_t(sr) * stage_bytes;
+      if (live[r]) bulk_wait(&full[sr], pr);
+    }
     Pack<T> xp[K], gp[K], dsp[K];
-    float sums[2] = {0.0f, 0.0f};  // (sum x^2, sum m*x)
+    float sums[2 * R];  // (sum x^2, sum m*x) of row r at 2r
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (threadIdx.x + k * threads < n_packs) {
-        read(stage, k, xp[k], gp[k], dsp[k]);
+    for (int r = 0; r < R; ++r) {
+      sums[2 * r] = sums[2 * r + 1] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float v = to_f32(xp[k].v[j]);
-          const float m = to_f32(gp[k].v[j]) * wf[k][j];
-          sums[0] += v * v;
-          sums[1] += m * v;
+      for (int k = 0; k < K; ++k) {
+        if (live[r] && threadIdx.x + k * threads < n_packs) {
+          read(stage[r], k, xp[k], gp[k], dsp[k]);
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            const float v = to_f32(xp[k].v[j]);
+            const float m = to_f32(gp[k].v[j]) * wf[k][j];
+            sums[2 * r] += v * v;
+            sums[2 * r + 1] += m * v;
+          }
         }
       }
     }
-    block_sum_once<2>(sums, scratch, turn);
-    // Every thread has finished the previous row, whose stage it read last (the reduction's block
-    // barrier): refill that stage. This row's stage is read again for dx below.
+    block_sum_once<2 * R>(sums, scratch, turn);
+    // Every thread has finished the previous turn's rows, whose stages it read last (the
+    // reduction's block barrier): refill those stages, `stages` rows ahead of what they held.
+    // This turn's stages are read again for dx below.
     if (threadIdx.x == 0 && row != rows.begin)
-      issue(row + (stages - 1) * rows.step, s == 0 ? stages - 1 : s - 1);
-    const BwdRow<T> p = bwd_row<T, kFused>(a, row);
-    const float2 scale = row_scales(make_float2(sums[0], sums[1]), a);
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * threads;
-      if (i >= n_packs) continue;
-      read(stage, k, xp[k], gp[k], dsp[k]);  // again: no packs held across the reduction
-      Pack<T> out;
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float v = to_f32(xp[k].v[j]), g = to_f32(gp[k].v[j]);
-        float dx = scale.x * g * wf[k][j] - scale.y * v;
-        if constexpr (kFused) dx += to_f32(dsp[k].v[j]);
-        out.v[j] = from_f32<T>(dx);
-        dw[k][j] += g * v * scale.x;
+      for (int r = 0; r < R; ++r) {
+        int sp = s - R + r;
+        if (sp < 0) sp += stages;
+        issue(row + (stages - R + r) * rows.step, sp);
       }
-      store_pack_streaming(p.dx + i * N, out);  // Note [streaming stores]
-      if constexpr (kFused) store_pack_streaming(p.dr + i * N, out);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (!live[r]) continue;
+      const BwdRow<T> p = bwd_row<T, kFused>(a, row + r * rows.step);
+      const float2 scale = row_scales(make_float2(sums[2 * r], sums[2 * r + 1]), a);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * threads;
+        if (i >= n_packs) continue;
+        read(stage[r], k, xp[k], gp[k], dsp[k]);  // again: no packs held across the reduction
+        Pack<T> out;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float v = to_f32(xp[k].v[j]), g = to_f32(gp[k].v[j]);
+          float dx = scale.x * g * wf[k][j] - scale.y * v;
+          if constexpr (kFused) dx += to_f32(dsp[k].v[j]);
+          out.v[j] = from_f32<T>(dx);
+          dw[k][j] += g * v * scale.x;
+        }
+        store_pack_streaming(p.dx + i * N, out);  // Note [streaming stores]
+        if constexpr (kFused) store_pack_streaming(p.dr + i * N, out);
+      }
     }
-    if (++s == stages) s = 0, parity ^= 1u;
+    s += R;
+    if (s >= stages) s -= stages, parity ^= 1u;
   }
 
   store_partial_row<T, K>(partial + int64_t(blockIdx.x) * a.hidden, a.hidden, dw);
@@ -173,16 +211,17 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
   dw_from_partials(partial, a.hidden, slice, dw_out, dw_stride);
 }
 
-template <class T, int K, bool kFused>
+template <class T, int K, bool kFused, int R>
 bool launch_k(const Context& ctx, const BwdArgs<T>& a, const TensorView& dw, int block) {
-  auto kernel = rms_norm_bwd_bulk_kernel<T, K, kFused>;
+  auto kernel = rms_norm_bwd_bulk_kernel<T, K, kFused, R>;
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
   constexpr int kTensors = kFused ? 4 : 2;
   // A block's share of the SM: half at K = 1 (two blocks of 512 threads at 64 registers), all of
   // it at K = 2.
   static BulkCache cache;
   BulkPlan plan;
-  if (!plan_bulk(kernel, cache, props, kTensors * a.hidden * int64_t(sizeof(T)), K == 1 ? 2 : 1, block, plan))
+  if (!plan_bulk(kernel, cache, props, kTensors * a.hidden * int64_t(sizeof(T)), K == 1 ? 2 : 1, block, plan) ||
+      plan.stages < 2 * R)
     return false;
   const OneLaunchGrid g = one_launch_grid(a.rows, a.hidden, plan.resident, block);
   auto* partial = static_cast<float*>(cuda_workspace(ctx, g.blocks * a.hidden * int64_t(sizeof(float))));
@@ -209,8 +248,12 @@ bool launch_bwd_bulk(const Context& ctx, const BwdArgs<T>& a, const TensorView& 
     if (off || a.rows < min_rows * int64_t(cuda_device_props(ctx.device.index).sm_count))
       return false;
     const RowShape shape = register_row_shape(a.hidden / Pack<T>::n, kBwdMaxThreads, 0);
-    return shape.k == 1 ? launch_k<T, 1, kFused>(ctx, a, dw, shape.block)
-                        : launch_k<T, 2, kFused>(ctx, a, dw, shape.block);
+    static const bool pairs = !env_off("OPFORGE_CUDA_NORM_PAIRS");  // Note [pipeline row pairs]
+    if (shape.k == 1) {
+      if (pairs && launch_k<T, 1, kFused, 2>(ctx, a, dw, shape.block)) return true;
+      return launch_k<T, 1, kFused, 1>(ctx, a, dw, shape.block);
+    }
+    return launch_k<T, 2, kFused, 1>(ctx, a, dw, shape.block);
   }
 }
 

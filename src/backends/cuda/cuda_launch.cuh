@@ -497,7 +497,7 @@ template <int N> __device__ __forceinline__ void block_sum_n(float (&v)[N], floa
   __syncthreads();
 }
 
-// Note [reduce-scatter block sum]: N sums (N = 1, 2 or 4) over the block with one barrier and
+// Note [reduce-scatter block sum]: N sums (N = 1, 2, 4 or 8) over the block with one barrier and
 // about a third of block_sum_n's shuffles, for kernels that reduce once a row and do little else
 // a row (the norm backwards' row pipelines, where the reduction was a third of the instructions).
 // Inside a warp, the first log2 N butterfly steps trade half of the values: at offset o a lane
@@ -511,7 +511,7 @@ template <int N> __device__ __forceinline__ void block_sum_n(float (&v)[N], floa
 // of the next call separates this call's reads from the writes of the call after it. Every thread
 // of the block calls it, the same number of times.
 template <int N> __device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane) {
-  static_assert(N == 1 || N == 2 || N == 4, "warp_reduce_scatter: N is 1, 2 or 4");
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "warp_reduce_scatter: N is 1, 2, 4 or 8");
   int offset = 16;
 #pragma unroll
   for (int m = N; m > 1; m /= 2, offset /= 2) {
