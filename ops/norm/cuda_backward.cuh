@@ -339,6 +339,29 @@ inline int64_t bulk_min_rows_per_sm(int64_t fallback) {
   return forced ? forced : fallback;
 }
 
+// Note [held row]: a pipeline kernel that takes one row a turn (rms_norm's with the residual, or
+// where its ring holds fewer than four stages; layer_norm's) may keep the row's values in registers
+// from its sums to dx instead of reading the stage again: then every thread is done with the
+// row's stage at the reduction's block barrier, and thread 0 refills that stage at once (`stages`
+// rows ahead) rather than the previous row's, so a whole ring of rows is in flight while the row is
+// written. layer_norm_backward holds d = x - c and dy in f32 (16 registers at one pack a thread:
+// no conversions or shifts in the dx pass either), rms_norm's the turn's packs as loaded. Taken for
+// bf16, where it measured faster; H200, 16,384 x 4,096, same binary, re-read / held, three rounds
+// (docs/perf/gpu-h200-2026-12-01-round36.md): layer_norm_backward bf16 115.5-115.8 -> 112.4-112.6
+// us (82.9% -> 85.2-85.8% of copy), but f16 113.3-113.6 -> 114.8-115.5; fused_add_rms_norm_backward
+// bf16 1,024 x 4,096 16.6 -> 16.1, 16,384 unchanged (212.3-212.8 / 212.1). Row pairs do not hold:
+// two rows' packs at the 64-register bound made the pair kernel slower (rms_norm_backward 106.7 ->
+// 116.3). OPFORGE_CUDA_NORM_HOLD=0 re-reads everywhere, =2 holds in every 16-bit type (tuning).
+template <class T> bool hold_row() {
+  static const int forced = [] {
+    const char* e = std::getenv("OPFORGE_CUDA_NORM_HOLD");
+    return e ? std::atoi(e) : -1;
+  }();
+  if (forced == 0) return false;
+  if (forced == 2) return sizeof(T) == 2;
+  return std::is_same_v<T, __nv_bfloat16>;
+}
+
 // ---- few rows: one cluster (Note [few-row backward cluster], cuda_backward.cu) -------------------------
 // ClusterPlan, bwd_cluster_plan: ops/norm/cluster_plan.h.
 
