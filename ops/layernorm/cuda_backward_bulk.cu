@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     bulk_wait(&full[s], parity);
     const unsigned char* stage = ring + size_t(s) * stage_bytes;
     const float x0 = to_f32(*reinterpret_cast<const T*>(stage));
-    // f(d, g) over this thread's elements of the row, d = x - c and g = dy * w.
+    // f(k, j, d, dy) over this thread's elements of the row (pack k, element j), d = x - c.
     auto each = [&](float c, auto&& f) {
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -158,30 +158,16 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
           const Pack<T> xp = stage_pack<T>(stage, uint32_t(i) * 16u);
           const Pack<T> gp = stage_pack<T>(stage, row_bytes + uint32_t(i) * 16u);
 #pragma unroll
-          for (int j = 0; j < N; ++j) f(to_f32(xp.v[j]) - c, to_f32(gp.v[j]) * wf[k][j]);
+          for (int j = 0; j < N; ++j) f(k, j, to_f32(xp.v[j]) - c, to_f32(gp.v[j]));
         }
       }
     };
-    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, sum d^2, sum g, sum g d; d = x - x[0]
+    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // sum d, sum d^2, sum g, sum g d; d = x - x[0], g = dy * w
     float hd[kHold ? K : 1][N], hy[kHold ? K : 1][N];  // kHold: d and dy of this thread's packs
-    if constexpr (kHold) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int i = threadIdx.x + k * threads;
-        if (i < n_packs) {
-          const Pack<T> xp = stage_pack<T>(stage, uint32_t(i) * 16u);
-          const Pack<T> gp = stage_pack<T>(stage, row_bytes + uint32_t(i) * 16u);
-#pragma unroll
-          for (int j = 0; j < N; ++j) {
-            hd[k][j] = to_f32(xp.v[j]) - x0;
-            hy[k][j] = to_f32(gp.v[j]);
-            add_row_sums(sums, hd[k][j], hy[k][j] * wf[k][j]);
-          }
-        }
-      }
-    } else {
-      each(x0, [&](float d, float g) { add_row_sums(sums, d, g); });
-    }
+    each(x0, [&](int k, int j, float d, float dy) {
+      if constexpr (kHold) hd[k][j] = d, hy[k][j] = dy;
+      add_row_sums(sums, d, dy * wf[k][j]);
+    });
     block_sum_once<4>(sums, scratch, turn);
     // Every thread has finished the previous row, whose stage it read last (the reduction's block
     // barrier): refill that stage. Holding the row, every thread is done with this row's stage.
@@ -212,7 +198,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
               add_part(hd[k][j], hy[k][j] * wf[k][j]);
             }
       } else {
-        each(c, add_part);
+        each(c, [&](int k, int j, float d, float dy) { add_part(d, dy * wf[k][j]); });
       }
       block_sum_once<4>(part, scratch, turn);
       const float cs[4] = {part[0], part[1], sums[2], part[2]};  // sum g does not depend on c
