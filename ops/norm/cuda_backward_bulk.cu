@@ -77,11 +77,13 @@ constexpr int64_t kBulkMinRowsPerSm = 16;
 constexpr int64_t kBulkMinRowsPerSmFused = 4;
 
 // R: rows a turn (Note [pipeline row pairs]: 1 or 2; two share one block reduction and need 2R stages).
-// kHold: Note [held row] (cuda_backward.cuh), the turn's packs kept in registers from the sums to dx.
+// kHold: Note [held row] (cuda_backward.cuh), the row's packs kept in registers from the sums to dx
+// (one row a turn only).
 template <class T, int K, bool kFused, int R, bool kHold>
 __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
     rms_norm_bwd_bulk_kernel(BwdArgs<T> a, float* partial, int64_t rows_per_block, bool strided,
                              int stages, unsigned* barrier, T* dw_out, int64_t dw_stride) {
+  static_assert(!kHold || R == 1, "row pairs re-read their stages");
   constexpr int N = Pack<T>::n;
   constexpr int kTensors = kFused ? 4 : 2;  // x, dy (, residual, ds) of a row
   extern __shared__ __align__(128) unsigned char ring[];
@@ -155,21 +157,19 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
       stage[r] = ring + size_t(sr) * stage_bytes;
       if (live[r]) bulk_wait(&full[sr], pr);
     }
-    constexpr int H = kHold ? R : 1;  // the rows whose packs stay held
-    Pack<T> xp[H][K], gp[H][K], dsp[H][K];
+    Pack<T> xp[K], gp[K], dsp[K];
     float sums[2 * R];  // (sum x^2, sum m*x) of row r at 2r
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       sums[2 * r] = sums[2 * r + 1] = 0.0f;
-      const int h = kHold ? r : 0;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (live[r] && threadIdx.x + k * threads < n_packs) {
-          read(stage[r], k, xp[h][k], gp[h][k], dsp[h][k]);
+          read(stage[r], k, xp[k], gp[k], dsp[k]);
 #pragma unroll
           for (int j = 0; j < N; ++j) {
-            const float v = to_f32(xp[h][k].v[j]);
-            const float m = to_f32(gp[h][k].v[j]) * wf[k][j];
+            const float v = to_f32(xp[k].v[j]);
+            const float m = to_f32(gp[k].v[j]) * wf[k][j];
             sums[2 * r] += v * v;
             sums[2 * r + 1] += m * v;
           }
@@ -197,14 +197,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, K == 1 ? 2 : 1)
       for (int k = 0; k < K; ++k) {
         const int i = threadIdx.x + k * threads;
         if (i >= n_packs) continue;
-        const int h = kHold ? r : 0;
-        if constexpr (!kHold) read(stage[r], k, xp[0][k], gp[0][k], dsp[0][k]);  // again: not held
+        if constexpr (!kHold) read(stage[r], k, xp[k], gp[k], dsp[k]);  // again: not held
         Pack<T> out;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const float v = to_f32(xp[h][k].v[j]), g = to_f32(gp[h][k].v[j]);
+          const float v = to_f32(xp[k].v[j]), g = to_f32(gp[k].v[j]);
           float dx = scale.x * g * wf[k][j] - scale.y * v;
-          if constexpr (kFused) dx += to_f32(dsp[h][k].v[j]);
+          if constexpr (kFused) dx += to_f32(dsp[k].v[j]);
           out.v[j] = from_f32<T>(dx);
           dw[k][j] += g * v * scale.x;
         }
