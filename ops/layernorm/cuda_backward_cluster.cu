@@ -23,7 +23,9 @@
 // The warps' row sums go through Note [reduce-scatter block sum] (6 shuffles a warp for the four
 // sums instead of 20), the arrive after the remote reads is relaxed (cluster_arrive), and dw / db
 // share one column-sum pass: 16 x 4,096 bf16 on an H200 4.60 -> 4.14 us, 1 x 4,096 2.75 -> 2.51
-// (docs/perf/gpu-h200-2026-11-29-round21.md).
+// (docs/perf/gpu-h200-2026-11-29-round21.md). The outlier test of each row runs in the threads that
+// hold its totals, so the barrier that publishes them also publishes the verdict (one block-wide
+// OR-barrier fewer: 4.28 -> 4.22 us, docs/perf/gpu-h200-2026-12-02-round37.md).
 // Taken up to 16 rows (more go to the ring kernel, which spreads them over more SMs) with at most
 // two rows a thread; compute capability 9.0
 // on (Note [cluster launch]); OPFORGE_CUDA_CLUSTER_ROWS=0 turns it off with the other few-row
@@ -88,20 +90,26 @@ __global__ void __launch_bounds__(kClusterMaxThreads)
 #pragma unroll
   for (int s = 0; s < RT; ++s) sums[s][0] = sums[s][1] = sums[s][2] = sums[s][3] = 0.0f;
   each(c, [&](int s, int, float d, float gw) { add_row_sums(sums[s], d, gw); });
+  // Note [shifted sums]: an outlier first element (or a NaN) reduces again about the f32 mean. The
+  // test of a row from its sums of d and d^2, in the order centred_row takes them.
+  auto outlier_sums = [&](float d, float d2) {
+    const float shift = d * inv_h;
+    return !(d * shift <= 8.0f * fmaxf(d2 - d * shift, 0.0f));
+  };
+  auto outlier = [&](int64_t row) { return outlier_sums(sh.total[row][0], sh.total[row][1]); };
+  __shared__ int any_outlier;
+  if (threadIdx.x == 0) any_outlier = 0;  // ordered before the tests by the barriers below
   norm::cta_row_sums(sums, sh, groups, padded, a.rows);
   cluster.sync();
-  norm::cluster_row_totals(cluster, sh, groups, a.rows);
-  cluster_arrive();  // done with the other CTAs' shared memory
-  __syncthreads();   // sh.total
-
-  // Note [shifted sums]: an outlier first element (or a NaN) reduces again about the f32 mean.
-  auto outlier = [&](int64_t row) {
-    const float* t = sh.total[row];
-    const CentredRow st = centred_row({t[0], t[1], t[2], t[3]}, inv_h);
-    return !(t[0] * st.shift <= 8.0f * st.m2);
-  };
+  // Thread 4r + v holds sum v of row r (V = 4 divides the warp): lane 4r tests row r with its
+  // neighbour's sum of d^2, so the block barrier that publishes the totals publishes the verdict.
+  const float total = norm::cluster_row_totals(cluster, sh, groups, a.rows);
+  const float total_d2 = __shfl_down_sync(0xffffffffu, total, 1);
   const int rows_here = int(a.rows < int64_t(groups) * RT ? a.rows : int64_t(groups) * RT);
-  const bool again = __syncthreads_or(int(threadIdx.x) < rows_here && outlier(threadIdx.x));
+  if (threadIdx.x % 4 == 0 && int(threadIdx.x) < 4 * rows_here && outlier_sums(total, total_d2)) any_outlier = 1;
+  cluster_arrive();  // done with the other CTAs' shared memory
+  __syncthreads();   // sh.total, any_outlier
+  const bool again = any_outlier != 0;
   if (again) {  // the same in every CTA of the cluster (the totals are)
     float about[RT], part[RT][4];
     bool redo[RT];

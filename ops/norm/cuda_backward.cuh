@@ -398,8 +398,10 @@ inline ClusterPlan fitting_cluster_plan(int device_index, int64_t rows, int64_t 
 // g + s * groups in slot s) go through a warp reduce-scatter, then the warps of a row group in order,
 // into `cta[row]` (this CTA's partial). After a cluster barrier, cluster_row_totals: thread
 // t < rows * V adds sum t % V of row t / V over the CTAs in rank order through distributed shared memory into
-// `total[t]`, so every CTA gets the same bits. The caller then arrives at the cluster barrier
-// (done reading the others' `cta`) and syncs its block before reading `total`.
+// `total[t]`, so every CTA gets the same bits, and returns it (0 in the other threads: a caller
+// may test a row's sums in registers, by shuffles within the warp, before the block barrier). The
+// caller then arrives at the cluster barrier (done reading the others' `cta`) and syncs its block
+// before reading `total`.
 template <int V, int RT> struct ClusterRowSums {
   float warp[kClusterMaxThreads / 32][RT][V];
   float cta[kClusterMaxRows][V];
@@ -429,12 +431,12 @@ __device__ __forceinline__ void cta_row_sums(float (&s)[RT][V], ClusterRowSums<V
   }
 }
 template <int V, int RT>
-__device__ __forceinline__ void cluster_row_totals(cooperative_groups::cluster_group& cluster,
-                                                   ClusterRowSums<V, RT>& sh, int groups, int64_t rows) {
+__device__ __forceinline__ float cluster_row_totals(cooperative_groups::cluster_group& cluster,
+                                                    ClusterRowSums<V, RT>& sh, int groups, int64_t rows) {
   const unsigned ranks = cluster.num_blocks();
   const int64_t held = rows < int64_t(groups) * RT ? rows : int64_t(groups) * RT;
+  float t = 0.0f;
   if (int64_t(threadIdx.x) < held * V) {  // thread t: sum t % V of row t / V
-    float t = 0.0f;
 #pragma unroll
     for (int r0 = 0; r0 < kClusterCtas; r0 += kClusterPortableCtas) {  // 8 ranks at a time
       if (r0 >= int(ranks)) break;
@@ -448,6 +450,7 @@ __device__ __forceinline__ void cluster_row_totals(cooperative_groups::cluster_g
     }
     (&sh.total[0][0])[threadIdx.x] = t;
   }
+  return t;
 }
 
 // Column sums of a cluster CTA's columns over its row groups, for M quantities at once (dw, or dw
