@@ -102,6 +102,8 @@ std::vector<CeSpec> ce_specs() {
   s.push_back({"12x5000_mean_ignore", CaseGroup::edge, 12, 5000, "mean", 0, 0, 0, {3, -100, 4999, 0, -100, 17}});
   s.push_back({"6x4096_all_ignored_mean", CaseGroup::edge, 6, 4096, "mean", 0, 0, 0, {-100}});
   s.push_back({"3x20008_sum_all_options", CaseGroup::edge, 3, 20008, "sum", 0.1, 1e-3, 20.0, {7, -100, 20007}, -100, 0, 3.0});
+  // Sixteen blocks a row on a GPU of 128 SMs or more (bf16: 5,000 packs a row), an ignored row.
+  s.push_back({"8x40000_mean_smoothing_ignore", CaseGroup::edge, 8, 40000, "mean", 0.05, 0, 0, {11, 39999, -100, 0}});
   // More rows than a GPU's SMs, each longer than 1,024 16-byte units: the row kernels' long-row
   // path (the forward's: Note [cross_entropy row pipeline]), rows padded, some ignored, every
   // option.

@@ -9,10 +9,11 @@
 //    Each thread keeps four 16-byte loads in flight (scan_units). With fewer rows than SMs a row
 //    is split over several blocks and their partial statistics merged by a second launch
 //    (Note [split rows]): 16 rows of a 128k vocab then use the whole card, not 16 SMs. With
-//    16-byte packs on compute capability 9.0 a row is one thread-block cluster instead (Note
-//    [few-row cross_entropy cluster]); where the row kernel would leave SMs without a block, the
-//    rows stream through shared memory instead (Note [cross_entropy row pipeline],
-//    ops/loss/cuda_pipeline.cu).
+//    16-byte packs a row is `ranks` blocks whose partials the last block to finish merges (sum /
+//    mean: Note [few-row cross_entropy gather]) or, on compute capability 9.0 and for reduction
+//    none, one thread-block cluster (Note [few-row cross_entropy cluster]); where the row kernel
+//    would leave SMs without a block, the rows stream through shared memory instead (Note
+//    [cross_entropy row pipeline], ops/loss/cuda_pipeline.cu).
 //    Reductions run in a fixed order (ops/softmax/row_reduce.cuh), so results are deterministic.
 //  - sum / mean: the per-row losses go to the stream's workspace and one more launch of one
 //    block adds them in a fixed order (Note [loss row reduction]: strided f64 sums, then a tree), and
@@ -133,6 +134,25 @@ __global__ void __launch_bounds__(256) forward_split_kernel(ForwardArgs<T> p, in
   if (last_block_arrives(arrivals, gridDim.x)) finish_split_rows(p, splits, partials, red, reduced);
 }
 
+// sum (red 1) or mean (red 2) of a last block's rows' losses, staged in its shared memory (row_loss,
+// row_kept; after a block barrier): the first warp adds them in f64 in a fixed order (lane l: rows
+// l, l + 32, ...; then a butterfly every lane runs identically), the same bits every run. A mean
+// of no kept row is NaN, as the reference's. The other warps return at once.
+__device__ void add_row_losses(const float* row_loss, const bool* row_kept, int64_t rows, int red, float* reduced) {
+  if (threadIdx.x >= 32) return;
+  double sum = 0, kept = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += 32) {
+    sum += double(row_loss[r]);
+    kept += row_kept[r] ? 1.0 : 0.0;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    kept += __shfl_xor_sync(0xffffffffu, kept, offset);
+  }
+  if (threadIdx.x == 0) *reduced = float(red == 1 ? sum : sum / kept);
+}
+
 // The split kernel's last block (Note [last block]) finishes every row: the segments' partials are
 // staged through shared memory by all its threads (parallel loads, not one chain per row), thread r
 // merges row r's segments in segment order and finishes the row, and for sum / mean the first warp
@@ -176,24 +196,15 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
   }
   if (red == 0) return;
   __syncthreads();
-  if (threadIdx.x >= 32) return;
-  double sum = 0, kept = 0;
-  for (int64_t r = threadIdx.x; r < p.rows; r += 32) {
-    sum += double(row_loss[r]);
-    kept += row_kept[r] ? 1.0 : 0.0;
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    kept += __shfl_xor_sync(0xffffffffu, kept, offset);
-  }
-  if (threadIdx.x == 0) *reduced = float(red == 1 ? sum : sum / kept);  // mean of no kept row: NaN, as the reference
+  add_row_losses(row_loss, row_kept, p.rows, red, reduced);
 }
 
 // Note [few-row cross_entropy cluster] (16-byte packs, compute capability 9.0 on; Note [cluster
-// launch]): Note [split rows] as one thread-block cluster a row, with the softmax family's plan
-// (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads a row, 4 or 8 units a
-// thread). Every thread loads all its units of the row at once (one memory round trip, where the
+// launch]; reduction none, and sum / mean with OPFORGE_CUDA_CE_GATHER=0, Note [few-row
+// cross_entropy gather]): Note [split rows] as one thread-block cluster a row, with the softmax
+// family's plan (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads a row, 4 or
+// 8 units a thread; 2 where they hold the CTA's segment: H200, bf16 16 x 4,096 none 2.76 -> 2.51
+// us, docs/perf/gpu-h200-2026-12-02-round37.md). Every thread loads all its units of the row at once (one memory round trip, where the
 // split kernel's four-in-flight loop waits out two or more), takes its (max, sum of exp) as
 // pairwise trees (cached_stats) and the CTA's (max, sum, sum z) goes to its shared memory. After
 // one cluster barrier rank 0 fetches the cluster's partials through distributed shared memory (a
@@ -286,7 +297,99 @@ bool launch_forward_cluster(const Context& ctx, const ForwardArgs<T>& p, int64_t
                    reduce);
     return true;
   };
+  if ((units + plan.ranks - 1) / plan.ranks <= 2 * softmax::kClusterThreads)  // 2 units hold the segment
+    return launch(forward_cluster_kernel<T, 2>);
   return plan.units_per_thread == 4 ? launch(forward_cluster_kernel<T, 4>) : launch(forward_cluster_kernel<T, 8>);
+}
+
+// Note [few-row cross_entropy gather] (16-byte packs, sum / mean): Note [few-row cross_entropy
+// cluster]'s plan and row scan in a plain launch: a row is `ranks` consecutive blocks (up to 16),
+// each of which loads all its units at once (2, 4 or 8 a thread: the fewest that hold its segment,
+// so no thread carries dead units through the math) and leaves its (max, sum of exp, sum z) in
+// the workspace, rank 0 with the target's logit beside them (loaded while the row is). The last
+// block to arrive (Note [last block]) finishes every row at once: thread i loads partial i, the
+// `ranks` lanes of a row merge them by butterflies (max first, then the rescaled sums; the same
+// tree every run), the row's first lane writes lse and the loss, and the first warp adds the
+// rows' losses (add_row_losses). Where the cluster kernel met its cluster at a barrier, read the
+// partials through distributed shared memory, finished each row in its rank-0 CTA and then sent
+// those CTAs to a second arrival and a second round trip for the losses, one arrival and one
+// batch of loads do it all. H200, bf16, same binary with OPFORGE_CUDA_CE_GATHER=0 (the cluster
+// kernel) -> default, us: 16 x 32,000 mean 4.91 -> 3.76, 16 x 128,256 6.20 -> 4.91, 16 x 32,000
+// with every option 7.27 -> 5.06, 8 x 40,000 (16 blocks a row) 5.45 -> 3.77 (2 units a thread
+// instead of 4 took 0.2 us of the 16 x 32,000 figure; docs/perf/gpu-h200-2026-12-02-round37.md).
+// Reduction none keeps the cluster kernel, which needs no arrival there (24 x 20,000: 2.99
+// against 3.59 us). rows <= kSplitBlock.
+template <class T, int kUnits>
+__global__ void __launch_bounds__(softmax::kClusterThreads, 2)
+    forward_gather_kernel(ForwardArgs<T> p, int ranks, int64_t seg_units, float4* parts, unsigned* arrivals, int red,
+                          float* reduced) {
+  programmatic_prologue();  // Note [programmatic launch]
+  using U = UnitOf<T, true>;
+  constexpr int W = U::width, kThreads = softmax::kClusterThreads;
+  __shared__ Stats stats_scratch[32];
+  __shared__ float sum_scratch[32];
+  const ClusterRow seg = grid_row(unsigned(ranks), p.vocab / W, seg_units);
+  typename U::Raw raw[kUnits];
+  load_segment<U, kUnits, kThreads>(p.logits + seg.row * p.logits_stride, seg, -INFINITY, raw);
+  float zt = 0.0f;
+  if (seg.rank == 0 && threadIdx.x == 0) {  // in flight with the row
+    int64_t t;
+    load_target(p, seg.row, t, zt);
+  }
+  float v[kUnits][W], zs[kUnits];
+  widen_segment<U, kUnits, kThreads, true>(raw, seg, p.o.softcap, v, zs);
+  const Stats st = row_stats<T>(cached_stats<T, false>(v), kThreads, stats_scratch);
+  float sum_z = 0.0f;
+  if (p.o.smoothing > 0.0f)  // uniform over the launch
+    sum_z = row_sum(tree_reduce(zs, [](float a, float b) { return a + b; }), kThreads, sum_scratch);
+  if (threadIdx.x == 0) parts[blockIdx.x] = make_float4(st.m, st.s, sum_z, zt);
+  if (!last_block_arrives(arrivals, gridDim.x)) return;
+
+  __shared__ float row_loss[kSplitBlock];
+  __shared__ bool row_kept[kSplitBlock];
+  const int64_t total = p.rows * ranks;
+  for (int64_t base = 0; base < total; base += kThreads) {  // uniform: every lane reaches the shuffles
+    const int64_t i = base + threadIdx.x;
+    const bool lead = i < total && i % ranks == 0;
+    const float4 q = i < total ? __ldcg(parts + i) : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
+    int64_t t = 0;
+    if (lead) t = p.target[(i / ranks) * p.target_stride];  // issued with the partials' loads
+    // A row's partials sit in `ranks` aligned lanes of one warp (ranks: a power of two <= 16).
+    float m = q.x;
+    for (int o = 1; o < ranks; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float s = m == -INFINITY ? 0.0f : rescaled<T>(Stats{q.x, q.y}, m), z = q.z;
+    for (int o = 1; o < ranks; o *= 2) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      z += __shfl_xor_sync(0xffffffffu, z, o);
+    }
+    if (lead) {
+      const int64_t row = i / ranks;
+      const float loss = finish_row(p, row, Stats{m, s}, z, t, q.w);
+      row_loss[row] = loss;
+      row_kept[row] = t != p.o.ignore_index;
+    }
+  }
+  if (red == 0) return;
+  __syncthreads();
+  add_row_losses(row_loss, row_kept, p.rows, red, reduced);
+}
+
+// Note [few-row cross_entropy gather]'s plan ({0, 0}: not taken; any compute capability, no
+// cluster) and launch (`parts`: rows * ranks float4 of workspace).
+inline softmax::FewRowPlan gather_plan(int64_t rows, int64_t units, int sms) {
+  if (rows > kSplitBlock) return {};
+  const softmax::FewRowPlan plan = softmax::few_row_plan(rows, units, sms, true);
+  return plan.ranks >= 2 ? plan : softmax::FewRowPlan{};
+}
+template <class T>
+void launch_forward_gather(const Context& ctx, const ForwardArgs<T>& p, int64_t units, const softmax::FewRowPlan& plan,
+                           float4* parts, unsigned* arrivals, int red, float* reduced) {
+  const int64_t seg_units = (units + plan.ranks - 1) / plan.ranks;
+  auto kernel = seg_units <= 2 * softmax::kClusterThreads ? forward_gather_kernel<T, 2>
+                : plan.units_per_thread == 4                 ? forward_gather_kernel<T, 4>
+                                                             : forward_gather_kernel<T, 8>;
+  launch_programmatic(ctx, "cross_entropy gather launch", kernel, dim3(unsigned(p.rows * plan.ranks)),
+                      dim3(softmax::kClusterThreads), 0, p, plan.ranks, seg_units, parts, arrivals, red, reduced);
 }
 
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
@@ -442,12 +545,17 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     seg_units = (units + splits - 1) / splits;
     splits = (units + seg_units - 1) / seg_units;  // no empty segment
   }
-  // Workspace: per-row losses (sum / mean), then the segments' partials (split rows).
+  static const bool gather_on = !env_off("OPFORGE_CUDA_CE_GATHER");  // Note [few-row cross_entropy gather]
+  const softmax::FewRowPlan gather =
+      kVec && gather_on && red != Red::none && rows < props.sm_count ? gather_plan(rows, units, props.sm_count) : softmax::FewRowPlan{};
+  // Workspace: per-row losses (sum / mean), then the segments' partials (split rows or gather).
   const int64_t loss_bytes = red == Red::none ? 0 : (rows * int64_t(sizeof(float)) + 15) / 16 * 16;
-  const int64_t part_bytes = splits > 1 ? rows * splits * 3 * int64_t(sizeof(float)) : 0;
+  const int64_t part_bytes = gather.ranks ? rows * gather.ranks * int64_t(sizeof(float4))
+                             : splits > 1 ? rows * splits * 3 * int64_t(sizeof(float))
+                                          : 0;
   char* ws = loss_bytes + part_bytes > 0 ? static_cast<char*>(cuda_workspace(ctx, loss_bytes + part_bytes)) : nullptr;
   float* per_row = red == Red::none ? loss.ptr<float>() : reinterpret_cast<float*>(ws);
-  float* partials = splits > 1 ? reinterpret_cast<float*>(ws + loss_bytes) : nullptr;
+  float* partials = part_bytes > 0 ? reinterpret_cast<float*>(ws + loss_bytes) : nullptr;
   RowReduce reduce;  // sum / mean of the per-row losses (out null: none)
   if (red != Red::none) {
     reduce.losses = per_row, reduce.rows = rows, reduce.labels = target.ptr<int64_t>();
@@ -464,6 +572,12 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     p.loss = per_row, p.loss_stride = red == Red::none ? stride0(loss) : 1;
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.o = o;
+    if (gather.ranks) {
+      launch_forward_gather(ctx, p, units, gather, reinterpret_cast<float4*>(partials), cuda_grid_barrier(ctx),
+                            red == Red::none ? 0 : red == Red::sum ? 1 : 2, loss.ptr<float>());
+      reduced = true;
+      return;
+    }
     if constexpr (kVec) {
       if (rows < props.sm_count &&
           launch_forward_cluster(ctx, p, units, props.sm_count, cuda_grid_barrier(ctx), reduce)) {

@@ -3,8 +3,9 @@
 //
 // Note [ce with grad, rows in registers] (16-byte packs, compute capability 9.0 on): up to
 // kCeGradFewRows rows, a row is one thread-block cluster with the softmax family's few-row plan
-// (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads, 4 or 8 packs a thread,
-// as many CTAs as leave the rows' clusters an SM each), as cross_entropy's few-row cluster kernel
+// (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads, 2, 4 or 8 packs a
+// thread, the fewest that hold a CTA's segment, as many CTAs as leave the rows' clusters an SM
+// each), as cross_entropy's few-row cluster kernel
 // (Note [few-row cross_entropy cluster], cuda.cu) holds it; the gradient is then written from the
 // registers, so the logits are read once and nothing is staged through shared memory (the
 // one-read kernel of Note [ce with grad clusters] copies the row into shared memory with
@@ -18,14 +19,22 @@
 //    every CTA merges the cluster's in rank order through distributed shared memory (every CTA
 //    gets the same lse bits), rank 0 writes the row's lse and loss.
 //  - mean: each CTA counts the kept rows with __syncthreads_count; sum / mean: the rank-0 CTA of
-//    the last row to arrive adds the rows' losses (Note [last block]) with that count. One
-//    launch, programmatic (Note [programmatic launch]); the same bits every run.
+//    the last row to arrive adds the rows' losses (Note [last block]) with that count. Note
+//    [early arrival]: a rank-0 CTA's thread 0 issues its arrival as soon as it has written the
+//    row's loss, the only write the last CTA reads, and tests the answer after the gradient
+//    stores, so the atomic's round trip overlaps them. One launch, programmatic (Note
+//    [programmatic launch]); the same bits every run.
 // f32 statistics; exps of 16-bit data through ex2.approx (exp_shifted), as the softmax family's;
 // 64-bit offsets. cross_entropy_with_grad's cuda_cluster_vec16 impl takes it first for up to 64 rows
 // (cuda_fused.cu); OPFORGE_CE_GRAD_REGISTERS=0 turns it off (side-by-side timing). H200, bf16, us,
 // shared-memory clusters or two kernels / this kernel: 16 x 32,000 7.37 / 6.80, 16 x 128,256
 // 10.21 / 9.30, 16 x 4,096 4.22 / 3.76, 24 x 20,000 4.73 / 4.21, 12 x 5,000 (mean, ignored rows)
 // 6.07 / 5.47; f32 16 x 32,000 with every option 10.83 / 9.71 (docs/perf/gpu-h200-2026-11-30-round33.md).
+// The early arrival and 2 packs a thread where they hold the segment, same binary, bf16, us,
+// arrival after the gradient with 4 / 8 packs -> early arrival -> and 2 packs: 16 x 32,000 6.75
+// -> 6.60 -> 6.15, 16 x 128,256 9.32 -> 9.00 (8 packs), 16 x 32,000 with every option 9.75 ->
+// 9.60 -> 8.47, 12 x 5,000 5.44 -> 5.44 -> 5.19, 16 x 4,096 3.67 -> 3.66 -> 3.44
+// (docs/perf/gpu-h200-2026-12-02-round37.md).
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -116,6 +125,14 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
       p.loss[row * p.loss_stride] = loss;
     }
   }
+  // Note [early arrival]: sum / mean's rank-0 CTAs arrive once thread 0 has written the row's loss
+  // (the only write the last one reads), before the gradient; the answer is tested after it.
+  const bool arrives = p.reduce.out != nullptr && rank == 0;  // uniform over the CTA
+  unsigned arrival = 0, add = 0;
+  if (arrives && threadIdx.x == 0) {
+    add = arrival_add(unsigned(p.rows));
+    arrival = atomic_add_acq_rel(p.arrivals, add);
+  }
   cluster_arrive();  // done with the other CTAs' shared memory
   __syncthreads();   // row_lse
   const float lse = row_lse;
@@ -154,8 +171,11 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
     }
     store_pack_streaming(out + u * W, narrow_pack(d));
   }
-  if (p.reduce.out != nullptr && rank == 0) {  // uniform over the CTA
-    if (last_block_arrives(p.arrivals, unsigned(p.rows))) reduce_rows_in_block<kThreads>(p.reduce, kept);
+  if (arrives) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) last = arrival_completes(arrival, add);
+    __syncthreads();
+    if (last) reduce_rows_in_block<kThreads>(p.reduce, kept);
   }
   cluster_wait();  // no CTA leaves while another may still read its `part`
 }
@@ -187,9 +207,14 @@ bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const Ten
     cuda::softmax::FewRowPlan plan = cuda::softmax::few_row_plan(rows, units, props.sm_count, true);
     if (plan.ranks > kRanksMost) plan = cuda::softmax::few_row_plan(rows, units, props.sm_count, false);
     if (plan.ranks < 2 || plan.ranks > kRanksMost) return;
-    auto kernel = plan.units_per_thread == 4
-                      ? (softcap > 0.0 ? ce_grad_regs_kernel<T, 4, true> : ce_grad_regs_kernel<T, 4, false>)
-                      : (softcap > 0.0 ? ce_grad_regs_kernel<T, 8, true> : ce_grad_regs_kernel<T, 8, false>);
+    const int64_t seg_units = (units + plan.ranks - 1) / plan.ranks;
+    const bool capped = softcap > 0.0;
+    // Units a thread: the fewest of 2, 4, 8 that hold the CTA's segment (no dead units in the math).
+    auto kernel = seg_units <= 2 * cuda::softmax::kClusterThreads
+                      ? (capped ? ce_grad_regs_kernel<T, 2, true> : ce_grad_regs_kernel<T, 2, false>)
+                  : plan.units_per_thread == 4
+                      ? (capped ? ce_grad_regs_kernel<T, 4, true> : ce_grad_regs_kernel<T, 4, false>)
+                      : (capped ? ce_grad_regs_kernel<T, 8, true> : ce_grad_regs_kernel<T, 8, false>);
     if (!cuda::cluster_launch_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan.ranks,
                                    cuda::softmax::kClusterThreads, 0))
       return;
@@ -213,7 +238,7 @@ bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const Ten
     }
     cuda::launch_cluster(ctx, "cross_entropy_with_grad registers cluster launch", kernel,
                          dim3(unsigned(rows * plan.ranks)), dim3(cuda::softmax::kClusterThreads), 0, plan.ranks, p,
-                         (units + plan.ranks - 1) / plan.ranks);
+                         seg_units);
     taken = true;
   });
   return taken;

@@ -1,8 +1,9 @@
 // The segment of a row that one CTA of a few-row cluster kernel holds (the softmax family's and the
 // losses' cluster kernels: ops/softmax/cuda.cu, ops/loss/cuda.cu, ops/loss/cuda_ce_grad_few.cu).
-// A row is one cluster of `ranks` CTAs launched side by side (blockIdx.x / ranks is the row); rank
-// r holds units [r * seg_units, min(units, (r + 1) * seg_units)), and its thread t the units
-// begin + t + k * kThreads, every one of them loaded at once.
+// A row is one cluster of `ranks` CTAs launched side by side (blockIdx.x / ranks is the row), or
+// `ranks` blocks of a plain launch (grid_row); rank r holds units [r * seg_units, min(units, (r +
+// 1) * seg_units)), and its thread t the units begin + t + k * kThreads, every one of them loaded
+// at once.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -23,6 +24,15 @@ __device__ __forceinline__ ClusterRow cluster_row(const cooperative_groups::clus
   ClusterRow r;
   r.rank = cluster.block_rank(), r.ranks = cluster.num_blocks();
   r.row = int64_t(blockIdx.x) / r.ranks;
+  r.begin = int64_t(r.rank) * seg_units, r.end = min(units, r.begin + seg_units);
+  return r;
+}
+
+// The same segment where a row is `ranks` consecutive blocks of a plain launch (no cluster).
+__device__ __forceinline__ ClusterRow grid_row(unsigned ranks, int64_t units, int64_t seg_units) {
+  ClusterRow r;
+  r.rank = blockIdx.x % ranks, r.ranks = ranks;
+  r.row = int64_t(blockIdx.x / ranks);
   r.begin = int64_t(r.rank) * seg_units, r.end = min(units, r.begin + seg_units);
   return r;
 }

@@ -615,13 +615,23 @@ __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
 // one (read them with __ldcg). Leaves the word's low bits as they were, like the barrier. Thread
 // 0's arrival is one acquire-release atomic after the block barrier: release for this block's
 // writes, acquire for every earlier block's (the last one reads them all).
+// arrival_add: this block's addend of the word; arrival_completes: whether the add that found
+// `before` there flipped the top bit (this block arrived last). A block whose only writes the
+// last one reads are thread 0's own may split the arrival: thread 0 issues atomic_add_acq_rel
+// right after those writes and tests the answer later, so the atomic's round trip overlaps the
+// block's remaining work (Note [early arrival], ops/loss/cuda_ce_grad_few.cu).
+__device__ __forceinline__ unsigned arrival_add(unsigned blocks) {
+  return blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
+}
+__device__ __forceinline__ bool arrival_completes(unsigned before, unsigned add) {
+  return ((before ^ (before + add)) & 0x80000000u) != 0;
+}
 __device__ __forceinline__ bool last_block_arrives(unsigned* state, unsigned blocks) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
-    const unsigned before = atomic_add_acq_rel(state, add);
-    last = ((before ^ (before + add)) & 0x80000000u) != 0;
+    const unsigned add = arrival_add(blocks);
+    last = arrival_completes(atomic_add_acq_rel(state, add), add);
   }
   __syncthreads();
   return last;
