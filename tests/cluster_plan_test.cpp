@@ -96,6 +96,29 @@ TEST(ClusterPlan, SoftmaxFewRows) {
       }
 }
 
+TEST(ClusterPlan, HeldUnits) {
+  using cuda::softmax::few_row_plan;
+  using cuda::softmax::held_units;
+  constexpr int kSms = 132;
+  // 16 x 32,000 bf16: 8 CTAs of 500 units, 2 a thread; 16 x 128,256: 8 CTAs of 2,004, the plan's 8;
+  // 8 x 40,000: 16 CTAs of 313; 16 x 4,096: 2 CTAs of 256.
+  EXPECT_EQ(held_units(few_row_plan(16, 4000, kSms, true), 4000), 2);
+  EXPECT_EQ(held_units(few_row_plan(16, 16032, kSms, true), 16032), 8);
+  EXPECT_EQ(held_units(few_row_plan(8, 5000, kSms, true), 5000), 2);
+  EXPECT_EQ(held_units(few_row_plan(16, 512, kSms, true), 512), 2);
+  EXPECT_EQ(held_units(few_row_plan(1, 16032, kSms, true), 16032), 4);  // 16 CTAs of 1,002
+  // Whatever it picks holds the segment and is never more than the plan's.
+  for (int64_t rows = 1; rows < kSms; ++rows)
+    for (int64_t units : {int64_t(100), int64_t(513), int64_t(1025), int64_t(4000), int64_t(9000), int64_t(16032)}) {
+      const cuda::softmax::FewRowPlan p = few_row_plan(rows, units, kSms, true);
+      if (p.ranks == 0) continue;
+      const int held = held_units(p, units);
+      EXPECT_TRUE(held == 2 || held == p.units_per_thread);
+      EXPECT_LE(held, p.units_per_thread);
+      EXPECT_GE(int64_t(held) * cuda::softmax::kClusterThreads, (units + p.ranks - 1) / p.ranks);
+    }
+}
+
 TEST(ClusterPlan, ManyRows) {
   using cuda::softmax::many_row_plan;
   constexpr int kSms = 132;

@@ -203,9 +203,10 @@ __device__ void finish_split_rows(const ForwardArgs<T>& p, int64_t splits, const
 // launch]; reduction none, and sum / mean with OPFORGE_CUDA_CE_GATHER=0, Note [few-row
 // cross_entropy gather]): Note [split rows] as one thread-block cluster a row, with the softmax
 // family's plan (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads a row, 4 or
-// 8 units a thread; 2 where they hold the CTA's segment: H200, bf16 16 x 4,096 none 2.76 -> 2.51
-// us, docs/perf/gpu-h200-2026-12-02-round37.md). Every thread loads all its units of the row at once (one memory round trip, where the
-// split kernel's four-in-flight loop waits out two or more), takes its (max, sum of exp) as
+// 8 units a thread; 2 where they hold the CTA's segment, held_units: H200, bf16 16 x 4,096 none
+// 2.76 -> 2.51 us, docs/perf/gpu-h200-2026-12-02-round37.md). Every thread loads all its units of
+// the row at once (one memory round trip, where the split kernel's four-in-flight loop waits out
+// two or more), takes its (max, sum of exp) as
 // pairwise trees (cached_stats) and the CTA's (max, sum, sum z) goes to its shared memory. After
 // one cluster barrier rank 0 fetches the cluster's partials through distributed shared memory (a
 // thread per rank), thread 0 merges them in rank order and finishes the row (lse, loss), its
@@ -297,9 +298,10 @@ bool launch_forward_cluster(const Context& ctx, const ForwardArgs<T>& p, int64_t
                    reduce);
     return true;
   };
-  if ((units + plan.ranks - 1) / plan.ranks <= 2 * softmax::kClusterThreads)  // 2 units hold the segment
-    return launch(forward_cluster_kernel<T, 2>);
-  return plan.units_per_thread == 4 ? launch(forward_cluster_kernel<T, 4>) : launch(forward_cluster_kernel<T, 8>);
+  const int held = softmax::held_units(plan, units);
+  return held == 2   ? launch(forward_cluster_kernel<T, 2>)
+         : held == 4 ? launch(forward_cluster_kernel<T, 4>)
+                     : launch(forward_cluster_kernel<T, 8>);
 }
 
 // Note [few-row cross_entropy gather] (16-byte packs, sum / mean): Note [few-row cross_entropy
@@ -384,12 +386,13 @@ inline softmax::FewRowPlan gather_plan(int64_t rows, int64_t units, int sms) {
 template <class T>
 void launch_forward_gather(const Context& ctx, const ForwardArgs<T>& p, int64_t units, const softmax::FewRowPlan& plan,
                            float4* parts, unsigned* arrivals, int red, float* reduced) {
-  const int64_t seg_units = (units + plan.ranks - 1) / plan.ranks;
-  auto kernel = seg_units <= 2 * softmax::kClusterThreads ? forward_gather_kernel<T, 2>
-                : plan.units_per_thread == 4                 ? forward_gather_kernel<T, 4>
-                                                             : forward_gather_kernel<T, 8>;
+  const int held = softmax::held_units(plan, units);
+  auto kernel = held == 2   ? forward_gather_kernel<T, 2>
+                : held == 4 ? forward_gather_kernel<T, 4>
+                            : forward_gather_kernel<T, 8>;
   launch_programmatic(ctx, "cross_entropy gather launch", kernel, dim3(unsigned(p.rows * plan.ranks)),
-                      dim3(softmax::kClusterThreads), 0, p, plan.ranks, seg_units, parts, arrivals, red, reduced);
+                      dim3(softmax::kClusterThreads), 0, p, plan.ranks, (units + plan.ranks - 1) / plan.ranks, parts,
+                      arrivals, red, reduced);
 }
 
 // Note [loss row reduction] (ops/loss/loss_cuda.cuh). For cross_entropy: labels = target,
@@ -546,8 +549,9 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     splits = (units + seg_units - 1) / seg_units;  // no empty segment
   }
   static const bool gather_on = !env_off("OPFORGE_CUDA_CE_GATHER");  // Note [few-row cross_entropy gather]
-  const softmax::FewRowPlan gather =
-      kVec && gather_on && red != Red::none && rows < props.sm_count ? gather_plan(rows, units, props.sm_count) : softmax::FewRowPlan{};
+  const softmax::FewRowPlan gather = kVec && gather_on && red != Red::none && rows < props.sm_count
+                                         ? gather_plan(rows, units, props.sm_count)
+                                         : softmax::FewRowPlan{};
   // Workspace: per-row losses (sum / mean), then the segments' partials (split rows or gather).
   const int64_t loss_bytes = red == Red::none ? 0 : (rows * int64_t(sizeof(float)) + 15) / 16 * 16;
   const int64_t part_bytes = gather.ranks ? rows * gather.ranks * int64_t(sizeof(float4))

@@ -209,10 +209,10 @@ bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const Ten
     if (plan.ranks < 2 || plan.ranks > kRanksMost) return;
     const int64_t seg_units = (units + plan.ranks - 1) / plan.ranks;
     const bool capped = softcap > 0.0;
-    // Units a thread: the fewest of 2, 4, 8 that hold the CTA's segment (no dead units in the math).
-    auto kernel = seg_units <= 2 * cuda::softmax::kClusterThreads
+    const int held = cuda::softmax::held_units(plan, units);
+    auto kernel = held == 2
                       ? (capped ? ce_grad_regs_kernel<T, 2, true> : ce_grad_regs_kernel<T, 2, false>)
-                  : plan.units_per_thread == 4
+                  : held == 4
                       ? (capped ? ce_grad_regs_kernel<T, 4, true> : ce_grad_regs_kernel<T, 4, false>)
                       : (capped ? ce_grad_regs_kernel<T, 8, true> : ce_grad_regs_kernel<T, 8, false>);
     if (!cuda::cluster_launch_fits(ctx.device.index, reinterpret_cast<const void*>(kernel), plan.ranks,

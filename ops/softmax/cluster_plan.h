@@ -38,6 +38,15 @@ inline FewRowPlan few_row_plan(int64_t rows, int64_t units, int sms, bool four_u
   return {};
 }
 
+// The units a thread of a few-row plan's CTA is instantiated for: 2 where they cover the CTA's
+// segment of a row of `units` (so no thread carries dead units through the math: H200, bf16
+// cross_entropy 16 x 32,000 3.96 -> 3.76 us, docs/perf/gpu-h200-2026-12-02-round37.md), else the
+// plan's 4 or 8. Taken by the losses' few-row kernels (ops/loss/cuda.cu, cuda_ce_grad_few.cu).
+inline int held_units(const FewRowPlan& plan, int64_t units) {
+  const int64_t segment = (units + plan.ranks - 1) / plan.ranks;
+  return segment <= 2 * int64_t(kClusterThreads) ? 2 : plan.units_per_thread;
+}
+
 // Note [many-row cluster]: with at least as many rows as SMs, a row is one cluster only where it
 // is longer than the row kernel keeps in registers (more than `cached_units` units): on the
 // fewest CTAs that hold it, 4 units a thread where up to 8 CTAs do and `four_units`, else 8 units
