@@ -70,10 +70,10 @@ TEST(ClusterPlan, SoftmaxFewRows) {
     EXPECT_EQ(p.ranks, ranks);
   };
   // bf16 rows in 16-byte units (8 elements): 128,256 -> 16,032 units; 32,000 -> 4,000; 4,096 -> 512.
-  expect(few_row_plan(16, 16032, kSms, true), 8, 8);   // 4 units would need 16 CTAs a row: 256 CTAs
+  expect(few_row_plan(16, 16032, kSms, true), 4, 16);  // 256 CTAs of 4 units: two an SM
   expect(few_row_plan(1, 16032, kSms, true), 4, 16);   // 16 CTAs, each an SM of its own
   expect(few_row_plan(8, 16032, kSms, true), 4, 16);   // 128 CTAs
-  expect(few_row_plan(9, 16032, kSms, true), 8, 8);    // 144 CTAs of 16 would not each find an SM
+  expect(few_row_plan(17, 16032, kSms, true), 8, 8);   // 272 CTAs of 16 would not fit two an SM
   expect(few_row_plan(16, 4000, kSms, true), 4, 8);
   expect(few_row_plan(16, 4000, kSms, false), 8, 8);   // OPFORGE_CUDA_SOFTMAX_CLUSTER_UNITS=8
   expect(few_row_plan(16, 512, kSms, true), 4, 2);
@@ -92,7 +92,7 @@ TEST(ClusterPlan, SoftmaxFewRows) {
         EXPECT_TRUE(p.units_per_thread == 8 || (four && p.units_per_thread == 4));
         EXPECT_GE(int64_t(p.ranks) * cuda::softmax::kClusterThreads * p.units_per_thread, units);
         EXPECT_GE(p.ranks, 2);
-        EXPECT_LE(p.ranks, p.units_per_thread == 4 && rows * 16 <= kSms ? 16 : 8);
+        EXPECT_LE(p.ranks, p.units_per_thread == 4 && rows * 16 <= 2 * kSms ? 16 : 8);
       }
 }
 
@@ -100,10 +100,11 @@ TEST(ClusterPlan, HeldUnits) {
   using cuda::softmax::few_row_plan;
   using cuda::softmax::held_units;
   constexpr int kSms = 132;
-  // 16 x 32,000 bf16: 8 CTAs of 500 units, 2 a thread; 16 x 128,256: 8 CTAs of 2,004, the plan's 8;
+  // 16 x 32,000 bf16: 8 CTAs of 500 units, 2 a thread; 16 x 128,256: 16 CTAs of 1,002, the plan's 4;
   // 8 x 40,000: 16 CTAs of 313; 16 x 4,096: 2 CTAs of 256.
   EXPECT_EQ(held_units(few_row_plan(16, 4000, kSms, true), 4000), 2);
-  EXPECT_EQ(held_units(few_row_plan(16, 16032, kSms, true), 16032), 8);
+  EXPECT_EQ(held_units(few_row_plan(16, 16032, kSms, true), 16032), 4);
+  EXPECT_EQ(held_units(few_row_plan(20, 16032, kSms, true), 16032), 8);  // 8 CTAs of 2,004
   EXPECT_EQ(held_units(few_row_plan(8, 5000, kSms, true), 5000), 2);
   EXPECT_EQ(held_units(few_row_plan(16, 512, kSms, true), 512), 2);
   EXPECT_EQ(held_units(few_row_plan(1, 16032, kSms, true), 16032), 4);  // 16 CTAs of 1,002

@@ -383,6 +383,12 @@ inline softmax::FewRowPlan gather_plan(int64_t rows, int64_t units, int sms) {
   const softmax::FewRowPlan plan = softmax::few_row_plan(rows, units, sms, true);
   return plan.ranks >= 2 ? plan : softmax::FewRowPlan{};
 }
+// The gather plan forward() takes for a sum / mean of `rows` rows of `units` packs ({0, 0}: it
+// does not; OPFORGE_CUDA_CE_GATHER=0 turns it off, side-by-side timing).
+softmax::FewRowPlan forward_gather(int64_t rows, int64_t units, int sms) {
+  static const bool on = !env_off("OPFORGE_CUDA_CE_GATHER");
+  return on && rows < sms ? gather_plan(rows, units, sms) : softmax::FewRowPlan{};
+}
 template <class T>
 void launch_forward_gather(const Context& ctx, const ForwardArgs<T>& p, int64_t units, const softmax::FewRowPlan& plan,
                            float4* parts, unsigned* arrivals, int red, float* reduced) {
@@ -548,10 +554,8 @@ void forward(const Context& ctx, const TensorView& loss, const TensorView& lse, 
     seg_units = (units + splits - 1) / splits;
     splits = (units + seg_units - 1) / seg_units;  // no empty segment
   }
-  static const bool gather_on = !env_off("OPFORGE_CUDA_CE_GATHER");  // Note [few-row cross_entropy gather]
-  const softmax::FewRowPlan gather = kVec && gather_on && red != Red::none && rows < props.sm_count
-                                         ? gather_plan(rows, units, props.sm_count)
-                                         : softmax::FewRowPlan{};
+  const softmax::FewRowPlan gather =  // Note [few-row cross_entropy gather]
+      kVec && red != Red::none ? forward_gather(rows, units, props.sm_count) : softmax::FewRowPlan{};
   // Workspace: per-row losses (sum / mean), then the segments' partials (split rows or gather).
   const int64_t loss_bytes = red == Red::none ? 0 : (rows * int64_t(sizeof(float)) + 15) / 16 * 16;
   const int64_t part_bytes = gather.ranks ? rows * gather.ranks * int64_t(sizeof(float4))
@@ -681,6 +685,11 @@ void launch_row_reduce(const Context& ctx, const RowReduce& r, const char* what)
 }  // namespace cuda::loss
 
 using namespace cuda::loss;  // NOLINT
+
+bool ce_forward_gathers(const TensorView& logits) {
+  const int64_t units = logits.size(1) / (16 / logits.itemsize());
+  return forward_gather(logits.size(0), units, cuda_device_props(logits.device.index).sm_count).ranks != 0;
+}
 
 void cross_entropy_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse, const TensorView& logits,
                         const TensorView& target, int64_t ignore_index, double label_smoothing,

@@ -1,40 +1,30 @@
-// cross_entropy_with_grad of a few rows with every row held in registers: Note [ce with grad,
-// rows in registers].
+// cross_entropy_with_grad of a few rows with every row held in registers, reduction none: Note
+// [ce with grad, rows in registers].
 //
-// Note [ce with grad, rows in registers] (16-byte packs, compute capability 9.0 on): up to
-// kCeGradFewRows rows, a row is one thread-block cluster with the softmax family's few-row plan
-// (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads, 2, 4 or 8 packs a
-// thread, the fewest that hold a CTA's segment, as many CTAs as leave the rows' clusters an SM
-// each), as cross_entropy's few-row cluster kernel
-// (Note [few-row cross_entropy cluster], cuda.cu) holds it; the gradient is then written from the
-// registers, so the logits are read once and nothing is staged through shared memory (the
-// one-read kernel of Note [ce with grad clusters] copies the row into shared memory with
-// cp.async, made for many rows, three CTAs an SM).
-//  - Every thread loads all its packs at once with the row's scalars (target, upstream gradient;
-//    a mean's kept-row flag of row threadIdx.x). Without a softcap each value becomes exp(z -
-//    m_t), m_t the thread's max (cached_stats keeps them), so the gradient is one FFMA an element,
-//    g (1 + 2 s lse) exp(m_t - lse) e - g eps (minus g (1 - ls) at the target); with a softcap the
-//    capped z stay and the gradient takes its exp and the cap's derivative 1 - (z / c)^2.
+// Note [ce with grad, rows in registers] (16-byte packs, compute capability 9.0 on, reduction
+// none): up to kCeGradFewRows rows, a row is one thread-block cluster with the softmax family's
+// few-row plan (few_row_plan, ops/softmax/cluster_plan.h: `ranks` CTAs of 256 threads, 2, 4 or 8
+// packs a thread, the fewest that hold a CTA's segment, at most 8 CTAs), as cross_entropy's
+// few-row cluster kernel (Note [few-row cross_entropy cluster], cuda.cu) holds it; the gradient
+// is then written from the registers, so the logits are read once and nothing is staged through
+// shared memory (the one-read kernel of Note [ce with grad clusters] copies the row into shared
+// memory with cp.async, made for many rows, three CTAs an SM).
+//  - Every thread loads all its packs at once with the row's scalars (target, upstream gradient).
+//    Without a softcap each value becomes exp(z - m_t), m_t the thread's max (cached_stats keeps
+//    them), so the gradient is one FFMA an element, g (1 + 2 s lse) exp(m_t - lse) e - g eps
+//    (minus g (1 - ls) at the target); with a softcap the capped z stay and the gradient takes its
+//    exp and the cap's derivative 1 - (z / c)^2.
 //  - The CTA's (max, sum, sum z) go to its shared memory; after one cluster barrier thread 0 of
 //    every CTA merges the cluster's in rank order through distributed shared memory (every CTA
-//    gets the same lse bits), rank 0 writes the row's lse and loss.
-//  - mean: each CTA counts the kept rows with __syncthreads_count; sum / mean: the rank-0 CTA of
-//    the last row to arrive adds the rows' losses (Note [last block]) with that count. Note
-//    [early arrival]: a rank-0 CTA's thread 0 issues its arrival as soon as it has written the
-//    row's loss, the only write the last CTA reads, and tests the answer after the gradient
-//    stores, so the atomic's round trip overlaps them. One launch, programmatic (Note
-//    [programmatic launch]); the same bits every run.
+//    gets the same lse bits), rank 0 writes the row's lse and loss. One launch, programmatic
+//    (Note [programmatic launch]); the same bits every run.
 // f32 statistics; exps of 16-bit data through ex2.approx (exp_shifted), as the softmax family's;
-// 64-bit offsets. cross_entropy_with_grad's cuda_cluster_vec16 impl takes it first for up to 64 rows
-// (cuda_fused.cu); OPFORGE_CE_GRAD_REGISTERS=0 turns it off (side-by-side timing). H200, bf16, us,
-// shared-memory clusters or two kernels / this kernel: 16 x 32,000 7.37 / 6.80, 16 x 128,256
-// 10.21 / 9.30, 16 x 4,096 4.22 / 3.76, 24 x 20,000 4.73 / 4.21, 12 x 5,000 (mean, ignored rows)
-// 6.07 / 5.47; f32 16 x 32,000 with every option 10.83 / 9.71 (docs/perf/gpu-h200-2026-11-30-round33.md).
-// The early arrival and 2 packs a thread where they hold the segment, same binary, bf16, us,
-// arrival after the gradient with 4 / 8 packs -> early arrival -> and 2 packs: 16 x 32,000 6.75
-// -> 6.60 -> 6.15, 16 x 128,256 9.32 -> 9.00 (8 packs), 16 x 32,000 with every option 9.75 ->
-// 9.60 -> 8.47, 12 x 5,000 5.44 -> 5.44 -> 5.19, 16 x 4,096 3.67 -> 3.66 -> 3.44
-// (docs/perf/gpu-h200-2026-12-02-round37.md).
+// 64-bit offsets. cross_entropy_with_grad's cuda_cluster_vec16 impl takes it first for up to 64
+// rows with reduction none (cuda_fused.cu; sum and mean run two passes there: Note [ce with grad,
+// few rows in two passes]); OPFORGE_CE_GRAD_REGISTERS=0 turns it off (side-by-side timing).
+// H200, bf16, us, shared-memory clusters or two kernels / this kernel: 16 x 4,096 4.22 / 3.76,
+// 24 x 20,000 4.73 / 4.21 (docs/perf/gpu-h200-2026-11-30-round33.md); with 2 packs a thread where
+// they hold the segment, 16 x 4,096 3.67 -> 3.44 (docs/perf/gpu-h200-2026-12-02-round37.md).
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -91,8 +81,6 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
   const bool finisher = rank == 0 && threadIdx.x == 0;
   float zt = 0.0f;
   if (finisher && !ignored) zt = bad ? NAN : cap(to_f32(x[t]), p.softcap);
-  const bool kept_mine = p.count_in_block && threadIdx.x < p.rows &&
-                         p.target[int64_t(threadIdx.x) * p.target_stride] != p.ignore_index;
 
   float v[kUnits][W], zs[kUnits];
   widen_segment<U, kUnits, kThreads, kCapped>(raw, seg, p.softcap, v, zs);
@@ -125,22 +113,9 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
       p.loss[row * p.loss_stride] = loss;
     }
   }
-  // Note [early arrival]: sum / mean's rank-0 CTAs arrive once thread 0 has written the row's loss
-  // (the only write the last one reads), before the gradient; the answer is tested after it.
-  const bool arrives = p.reduce.out != nullptr && rank == 0;  // uniform over the CTA
-  unsigned arrival = 0, add = 0;
-  if (arrives && threadIdx.x == 0) {
-    add = arrival_add(unsigned(p.rows));
-    arrival = atomic_add_acq_rel(p.arrivals, add);
-  }
   cluster_arrive();  // done with the other CTAs' shared memory
   __syncthreads();   // row_lse
   const float lse = row_lse;
-  float kept = -1.0f;
-  if (p.count_in_block) {  // uniform over the launch
-    kept = float(__syncthreads_count(kept_mine));
-    if (!ignored) g /= kept;
-  }
   if (bad) g = NAN;
 
   // dz = g ((1 + 2 s lse) p - eps - (1 - ls) [j == t]), times the softcap's derivative.
@@ -171,12 +146,6 @@ __global__ void __launch_bounds__(softmax::kClusterThreads, 2) ce_grad_regs_kern
     }
     store_pack_streaming(out + u * W, narrow_pack(d));
   }
-  if (arrives) {
-    __shared__ bool last;
-    if (threadIdx.x == 0) last = arrival_completes(arrival, add);
-    __syncthreads();
-    if (last) reduce_rows_in_block<kThreads>(p.reduce, kept);
-  }
   cluster_wait();  // no CTA leaves while another may still read its `part`
 }
 
@@ -197,7 +166,7 @@ bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const Ten
   if (!registers_enabled() || rows <= 0 || rows > kCeGradFewRows || !cuda::cluster_rows_enabled()) return false;
   const CudaDeviceProps& props = cuda_device_props(ctx.device.index);
   if (props.cc_major < 9) return false;
-  const bool none = reduction == "none", mean = reduction == "mean";
+  if (reduction != "none") return false;  // Note [ce with grad, few rows in two passes] (cuda_fused.cu)
   bool taken = false;
   cuda::DeviceGuard guard(ctx.device.index);
   cuda::dispatch_float(logits.dtype, "cross_entropy_with_grad", [&](auto tag) {
@@ -223,19 +192,11 @@ bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const Ten
     p.dlogits = dlogits.ptr<T>(), p.dlogits_stride = row_stride_of(dlogits);
     p.rows = rows, p.vocab = vocab;
     p.target = target.ptr<int64_t>(), p.target_stride = stride0(target);
-    p.dloss = dloss.data, p.dloss_dtype = dloss.dtype, p.dloss_stride = none ? stride0(dloss) : 0;
-    p.loss = none ? loss.ptr<float>() : static_cast<float*>(cuda_workspace(ctx, rows * int64_t(sizeof(float))));
-    p.loss_stride = none ? stride0(loss) : 1;
+    p.dloss = dloss.data, p.dloss_dtype = dloss.dtype, p.dloss_stride = stride0(dloss);
+    p.loss = loss.ptr<float>(), p.loss_stride = stride0(loss);
     p.lse = lse.ptr<float>(), p.lse_stride = stride0(lse);
     p.ignore_index = ignore_index, p.smoothing = float(label_smoothing);
     p.z_scale = float(lse_square_scale), p.softcap = float(softcap);
-    p.count_in_block = mean;  // each CTA counts a mean's kept rows; p.kept stays null
-    if (!none) {
-      p.arrivals = cuda_grid_barrier(ctx);
-      p.reduce.losses = p.loss, p.reduce.rows = rows, p.reduce.labels = p.target;
-      p.reduce.labels_stride = p.target_stride, p.reduce.ignore_index = ignore_index, p.reduce.divide = mean;
-      p.reduce.out = loss.ptr<float>();
-    }
     cuda::launch_cluster(ctx, "cross_entropy_with_grad registers cluster launch", kernel,
                          dim3(unsigned(rows * plan.ranks)), dim3(cuda::softmax::kClusterThreads), 0, plan.ranks, p,
                          seg_units);

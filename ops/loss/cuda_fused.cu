@@ -27,9 +27,22 @@
 //    it; and sum / mean's row losses are added by the rank-0 CTA of the last row to arrive (Note
 //    [last block]) instead of by a launch after it: one launch in all. Few short rows without
 //    options still run faster as the two kernels (two_passes_faster), and take them. Before all
-//    this, the packed impl hands rows that fit 8 CTAs' registers to Note [ce with grad, rows in
-//    registers] (cuda_ce_grad_few.cu), faster again. OPFORGE_CE_GRAD_FEW_ROWS=0 turns all this off
+//    this, the packed impl hands a reduction none of rows that fit 8 CTAs' registers to Note [ce
+//    with grad, rows in registers] (cuda_ce_grad_few.cu), faster again, and sum / mean to Note
+//    [ce with grad, few rows in two passes]. OPFORGE_CE_GRAD_FEW_ROWS=0 turns all this off
 //    (side-by-side timing).
+//  - Note [ce with grad, few rows in two passes]: where cross_entropy's forward takes Note
+//    [few-row cross_entropy gather] (sum / mean of fewer rows than SMs, 16-byte packs), the packed
+//    impl runs it and then cross_entropy_backward's kernel: two reads of the logits, but the
+//    reduced loss comes from the gather's one arrival and one batch of loads, where the one-read
+//    kernels finished each row in its cluster (barrier, distributed shared memory) and then sent
+//    the rows' losses through a second arrival and round trip. Scratch builds that left stages
+//    out of the register kernel (16 x 32,000 bf16, us): 6.45 whole, 5.46 without the last row's
+//    sum, 3.61 without that and the cluster exchange. H200, bf16, us, register kernel (the plan
+//    before) / two passes, same binary: 16 x 32,000 6.45 / 5.76, 16 x 128,256 9.70 / 8.29-8.45,
+//    16 x 32,000 with every option 8.76 / 8.07, 8 x 40,000 with smoothing 7.50 / 5.47, 3 x 20,008
+//    sum with every option 7.94 / 6.90, 12 x 5,000 5.24-5.41 / 5.12-5.24; reduction none keeps
+//    the register kernel (16 x 4,096 3.65 against 4.01; docs/perf/gpu-h200-2026-12-02-round38.md).
 //  - A CTA's threads own fixed units of the slice (unit u of thread t: u = t + k * 256) for the
 //    copy, the statistics and the gradient, so each thread reads back only what it copied itself:
 //    cp.async.wait_all (wait_group per quarter in the exp-once kernel) orders that, and no block
@@ -203,10 +216,13 @@ void with_grad(const Context& ctx, const TensorView& loss, const TensorView& lse
   DeviceGuard guard(ctx.device.index);
   const CeGradClusterPlan plan = plan_for(logits, kVec);
   if (plan.cluster == 0) return fallback();  // the predicate has said why; reached only by direct calls
-  if (kVec && few_rows(rows) &&
-      ce_grad_few_rows_cuda(ctx, loss, lse, dlogits, logits, target, dloss, ignore_index, label_smoothing,
-                            lse_square_scale, softcap, reduction))
-    return;  // Note [ce with grad, rows in registers]
+  if (kVec && few_rows(rows)) {
+    if (reduction != "none" && ce_forward_gathers(logits))
+      return fallback();  // Note [ce with grad, few rows in two passes]
+    if (ce_grad_few_rows_cuda(ctx, loss, lse, dlogits, logits, target, dloss, ignore_index, label_smoothing,
+                              lse_square_scale, softcap, reduction))
+      return;  // Note [ce with grad, rows in registers]
+  }
   if (two_passes_faster(rows, vocab, label_smoothing, softcap)) return fallback();
   const Red red = red_of(reduction);
   const int64_t budget = smem_budget(cuda_device_props(ctx.device.index));

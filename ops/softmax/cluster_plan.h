@@ -24,14 +24,18 @@ inline int cluster_ranks(int64_t rows, int64_t units, int sms, int units_per_thr
 // Units a thread (4 or 8) and CTAs a row of the few-row cluster, or {0, 0} when it does not take
 // the call (as many rows as SMs, or a row longer than 8 CTAs of 8 units a thread hold). With
 // `four_units`: 4 units a thread wherever up to 8 CTAs hold the row, or 16 CTAs when the rows'
-// 16 CTAs each still find an SM (rows * 16 <= sms); else 8 units on up to 8 CTAs.
+// 16 CTAs fit two an SM (rows * 16 <= 2 * sms); else 8 units on up to 8 CTAs. Two 4-unit CTAs
+// an SM give each scheduler four warps where one 8-unit CTA gave it two for the same values:
+// H200, bf16, 16 x 128,256, 16 CTAs of 4 units against 8 of 8, us: softmax 5.38 -> 4.79,
+// log_softmax 5.49 -> 4.92, softmax_backward 5.06 -> 4.97, log_softmax_backward 5.01 -> 4.95,
+// cross_entropy's gather 4.91 -> 4.75 (docs/perf/gpu-h200-2026-12-02-round38.md).
 struct FewRowPlan {
   int units_per_thread = 0, ranks = 0;
 };
 inline FewRowPlan few_row_plan(int64_t rows, int64_t units, int sms, bool four_units) {
   if (rows < 1 || rows >= sms) return {};
   if (four_units) {
-    const int max_ranks = rows * 16 <= sms ? 16 : 8;
+    const int max_ranks = rows * 16 <= 2 * int64_t(sms) ? 16 : 8;
     if (const int ranks = cluster_ranks(rows, units, sms, 4, max_ranks)) return {4, ranks};
   }
   if (const int ranks = cluster_ranks(rows, units, sms, 8, 8)) return {8, ranks};

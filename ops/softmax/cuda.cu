@@ -243,13 +243,14 @@ __global__ void __launch_bounds__(kSplitThreads) softmax_split_kernel(Args<T> p,
 // global memory, no workspace; the clusters of different rows never wait for each other. Small CTAs (an SM holds
 // several) keep a cluster's co-scheduling easy: 16 rows of 8 CTAs need 128 CTA slots, not 128
 // whole SMs. The plan (few_row_plan, cluster_plan.h): 4 units a thread where up to 8 CTAs hold
-// the row (16 when the rows' 16 CTAs each still find an SM: the non-portable cluster sizes of
+// the row (16 when the rows' 16 CTAs fit two an SM: the non-portable cluster sizes of
 // compute capability 9.0), else 8 units a thread and 8 CTAs; rows longer than 8 x 256 x 8 units
 // (bf16: 131,072 elements) take the split kernel. The kernel with 4 units a thread is the shorter one (94 -> 60
 // registers in the bf16 softmax): H200, bf16, against 8 units a thread in one call: softmax 16 x
 // 4,096 3.50 -> 3.08 us, 16 x 32,000 5.04 -> 4.27, 1 x 128,256 (16 CTAs) 5.37 -> 4.55,
-// log_softmax likewise, the backward ops 0.25-0.45 us faster; 16 x 128,256 on 16 CTAs a row was
-// slower (7.22 -> 8.04) and keeps 8 units on 8 CTAs (docs/perf/gpu-h200-2026-11-28-round20.md).
+// log_softmax likewise, the backward ops 0.25-0.45 us faster (docs/perf/gpu-h200-2026-11-28-round20.md).
+// 16 x 128,256 on 16 CTAs a row (two an SM) measured slower then (7.22 -> 8.04) and faster with
+// the kernel as it is now (softmax 5.38 -> 4.79: docs/perf/gpu-h200-2026-12-02-round38.md).
 // A thread's work is a chain of math over its 32-64 register-held values with two warps a
 // scheduler to hide it (Nsight Compute: stalls on fixed-latency dependencies), so the kernel is
 // written for few, independent instructions: the forward's units past the row hold -inf (no

@@ -616,10 +616,7 @@ __device__ __forceinline__ void grid_barrier(unsigned* state, unsigned blocks) {
 // 0's arrival is one acquire-release atomic after the block barrier: release for this block's
 // writes, acquire for every earlier block's (the last one reads them all).
 // arrival_add: this block's addend of the word; arrival_completes: whether the add that found
-// `before` there flipped the top bit (this block arrived last). A block whose only writes the
-// last one reads are thread 0's own may split the arrival: thread 0 issues atomic_add_acq_rel
-// right after those writes and tests the answer later, so the atomic's round trip overlaps the
-// block's remaining work (Note [early arrival], ops/loss/cuda_ce_grad_few.cu).
+// `before` there flipped the top bit (this block arrived last).
 __device__ __forceinline__ unsigned arrival_add(unsigned blocks) {
   return blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
 }
