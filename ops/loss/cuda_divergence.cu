@@ -378,13 +378,19 @@ template <bool kVec> void launch_elements(const Context& ctx, const PairCall& c,
 // -> 40.4 us, jsd 62.1 -> 58.6; at 256 x 128,256 two segments (512 blocks, one wave) against three
 // or five: kl_div 46.6-47.0 -> 39.2, jsd 63.8-64.5 -> 56.9-57.1. tvd's pair_rows_kernel: 4 per SM
 // (256 x 128,256: 33.7 us) against 8 (36.3) and 2 (43.7); jsd / kl_div's: 8 per SM (68.2 / 45.4)
-// against 4 (86.8 / 55.8). Tuning runs override the constants with
+// against 4 (86.8 / 55.8). The unrolled kernel (kl_div, jsd) of fewer rows than SMs takes a
+// 32-unit floor (one pack a thread of a warp's segment, twice the warps): H200, bf16, 2026-12-02,
+// two rounds against the 64-unit floor, us: kl_div 16 x 32,000 4.34 / 4.34 -> 3.98 / 3.98, jsd
+// 4.20 / 4.22 -> 4.16 / 4.16; 16 x 128,256 unchanged (the floor does not bind there); tvd's
+// kernel lost with it (3.55 -> 3.65), and 16-unit floors lost everywhere (kl_div 4.65):
+// docs/perf/gpu-h200-2026-12-02-round38.md. Tuning runs override the constants with
 // OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM (1..256, any rows, any kernel) and OPFORGE_CUDA_LOSS_MIN_SEGMENT
 // (16..4096).
 constexpr int64_t kSegmentsPerSm = 8;
 constexpr int64_t kSegmentsPerSmLight = 4;
 constexpr int64_t kSegmentsPerSmFewRows = 16;
 constexpr int64_t kMinSegmentUnits = 64;
+constexpr int64_t kMinSegmentUnitsFewRowsUnrolled = 32;
 int64_t splits_for(int64_t rows, int64_t units, int sm_count, int64_t resident, bool light) {
   static const int per_sm = env_choice("OPFORGE_CUDA_LOSS_SEGMENTS_PER_SM", 1, 256);
   static const int min_units = env_choice("OPFORGE_CUDA_LOSS_MIN_SEGMENT", 16, 4096);
@@ -399,7 +405,11 @@ int64_t splits_for(int64_t rows, int64_t units, int sm_count, int64_t resident, 
                                               : kSegmentsPerSm;
     wanted = (int64_t(sm_count) * per + rows - 1) / rows;
   }
-  return std::max<int64_t>(1, std::min(wanted, units / (min_units ? min_units : kMinSegmentUnits)));
+  // The unrolled kernel (resident > 0) of fewer rows than SMs: kMinSegmentUnitsFewRowsUnrolled.
+  const int64_t floor = min_units                         ? min_units
+                        : rows < sm_count && resident > 0 ? kMinSegmentUnitsFewRowsUnrolled
+                                                          : kMinSegmentUnits;
+  return std::max<int64_t>(1, std::min(wanted, units / floor));
 }
 
 // Blocks of pair_rows_unrolled_kernel<T, K> resident at once on the device (Note [segment size]).
