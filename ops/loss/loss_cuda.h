@@ -134,13 +134,13 @@ inline CeGradClusterPlan ce_grad_cluster_plan(int64_t vocab, int64_t itemsize, i
 // does not take the call (OPFORGE_CE_GRAD_REGISTERS=0, a reduction other than none, too many rows,
 // a row longer than 8 CTAs of 8 packs a thread, no clusters). The caller has checked the vec16
 // layouts.
-// Whether cross_entropy's forward with a sum or mean reduction runs these logits (16-byte packs)
-// through Note [few-row cross_entropy gather] (ops/loss/cuda.cu).
-bool ce_forward_gathers(const TensorView& logits);
 bool ce_grad_few_rows_cuda(const Context& ctx, const TensorView& loss, const TensorView& lse,
                            const TensorView& dlogits, const TensorView& logits, const TensorView& target,
                            const TensorView& dloss, int64_t ignore_index, double label_smoothing,
                            double lse_square_scale, double softcap, std::string_view reduction);
+// Whether cross_entropy's forward with a sum or mean reduction runs these logits (16-byte packs)
+// through Note [few-row cross_entropy gather] (ops/loss/cuda.cu).
+bool ce_forward_gathers(const TensorView& logits);
 
 // Note [ce with grad, few rows] (ops/loss/cuda_fused.cu): up to kCeGradFewRows rows a call is one
 // launch (each CTA counts a mean's kept rows, one target a thread; the last row adds the losses),
