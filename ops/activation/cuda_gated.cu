@@ -24,7 +24,8 @@
 //  - cuda (priority 100): the same walk over single elements: any layout the check accepts.
 //  Launch shape: 2-D blocks of 256 threads, x over column units of a row (up to 256, a power of
 //  two), y over rows, so short rows still fill a block; grid y capped at 65535 with a row stride
-//  loop. int64 offsets (row * row_stride), so 2^31 elements and more index correctly. One launch on
+//  loop. Compiled for 8 such blocks an SM (32 registers a thread) in the forward and in the erf
+//  form's backward (Note [gated occupancy]). int64 offsets (row * row_stride), so 2^31 elements and more index correctly. One launch on
 //  the Context's stream, no host synchronization, no allocation, programmatic (Note [programmatic
 //  launch] in cuda_launch.cuh).
 // Aliasing: each thread reads all its inputs before writing its outputs at the same columns, so
@@ -64,6 +65,7 @@ __device__ __forceinline__ float phi_fast(float a, float& gauss) {
 }
 
 struct GeluErf {
+  static constexpr int kBackwardMinBlocks = 8;  // Note [gated occupancy]
   bool fast = false;
   __device__ __forceinline__ float value(float a, float b) const {
     if (fast) {
@@ -117,6 +119,25 @@ struct Fatrelu {
 };
 
 template <class G> concept HasFastFlag = requires(G g) { g.fast; };
+template <class G> concept HasBackwardMinBlocks = requires { G::kBackwardMinBlocks; };
+// Note [gated occupancy]: the kernel's second launch bound, blocks of 256 threads an SM that it is
+// compiled to fit. A thread moves one pack of a row and the grid is many waves of such blocks, so
+// what keeps the loads in flight is warps an SM: 8 blocks (2,048 threads, 32 registers a thread)
+// fill the SM. Left to itself ptxas gave the forward kernels 38-56 registers (75% of the threads
+// or fewer) and gelu_and_mul's erf form was held by that, not by memory: H200, bf16, 1,024 /
+// 16,384 x 14,336, in one call: gelu_and_mul 27.3 / 404.7 -> 23.3 / 346.5 us (77% / 83% -> 91% /
+// 98% of copy), mul_and_silu 22.9 / 344.3 -> 21.3 / 319.8 (92% / 98% -> 100% / 106%), fatrelu
+// unchanged (docs/perf/gpu-h200-2026-12-02-round39.md). Every forward takes 8 (no spills in the
+// 16-bit kernels; f32's vec tanh form spills 4 bytes). The backward keeps ptxas's choice except
+// the erf form (80 registers at bf16; at 8 blocks no spills in 16 bits, 12 bytes in the f32
+// scalar kernel): gelu_and_mul_backward 40.5 / 615
+// -> 36.3 / 542 us (87% / 91% -> 97% / 104%). mul_and_silu_backward measured slower at 8 (35.8 ->
+// 37.8 us at 1,024 tokens, it spills) and the same at 4; fatrelu the same at 1, 4 and 8.
+template <class G, bool kBackward> constexpr int min_blocks() {
+  if constexpr (!kBackward) return 8;
+  else if constexpr (HasBackwardMinBlocks<G>) return G::kBackwardMinBlocks;
+  else return 1;
+}
 
 // ---- the kernel ----------------------------------------------------------------------------------
 template <class T> struct Args {
@@ -161,8 +182,8 @@ __device__ __forceinline__ void unit(const Args<T>& p, const G& gate, int64_t ro
   }
 }
 
-template <class T, class G, bool kVec, bool kBackward>
-__global__ void __launch_bounds__(256) gated_kernel(Args<T> p, G gate) {
+template <class T, class G, bool kVec, bool kBackward, int kMinBlocks = 1>
+__global__ void __launch_bounds__(256, kMinBlocks) gated_kernel(Args<T> p, G gate) {
   programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = p.d / width;
@@ -197,7 +218,7 @@ void run(const Context& ctx, const char* op, const G& gate, const TensorView& ou
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    launch_programmatic(ctx, op, gated_kernel<T, G, kVec, kBackward>, grid, dim3(bx, by), 0, p, g);
+    launch_programmatic(ctx, op, gated_kernel<T, G, kVec, kBackward, min_blocks<G, kBackward>()>, grid, dim3(bx, by), 0, p, g);
   });
 }
 
