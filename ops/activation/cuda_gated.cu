@@ -25,9 +25,9 @@
 //  Launch shape: 2-D blocks of 256 threads, x over column units of a row (up to 256, a power of
 //  two), y over rows, so short rows still fill a block; grid y capped at 65535 with a row stride
 //  loop. Compiled for 8 such blocks an SM (32 registers a thread) in the forward and in the erf
-//  form's backward (Note [gated occupancy]). int64 offsets (row * row_stride), so 2^31 elements and more index correctly. One launch on
-//  the Context's stream, no host synchronization, no allocation, programmatic (Note [programmatic
-//  launch] in cuda_launch.cuh).
+//  form's backward (Note [gated occupancy]). int64 offsets (row * row_stride), so 2^31 elements
+//  and more index correctly. One launch on the Context's stream, no host synchronization, no
+//  allocation, programmatic (Note [programmatic launch] in cuda_launch.cuh).
 // Aliasing: each thread reads all its inputs before writing its outputs at the same columns, so
 // dx may alias x exactly.
 #include <algorithm>
@@ -130,9 +130,9 @@ template <class G> concept HasBackwardMinBlocks = requires { G::kBackwardMinBloc
 // unchanged (docs/perf/gpu-h200-2026-12-02-round39.md). Every forward takes 8 (no spills in the
 // 16-bit kernels; f32's vec tanh form spills 4 bytes). The backward keeps ptxas's choice except
 // the erf form (80 registers at bf16; at 8 blocks no spills in 16 bits, 12 bytes in the f32
-// scalar kernel): gelu_and_mul_backward 40.5 / 615
-// -> 36.3 / 542 us (87% / 91% -> 97% / 104%). mul_and_silu_backward measured slower at 8 (35.8 ->
-// 37.8 us at 1,024 tokens, it spills) and the same at 4; fatrelu the same at 1, 4 and 8.
+// scalar kernel): gelu_and_mul_backward 40.5 / 615 -> 36.3 / 542 us (87% / 91% -> 97% / 104%).
+// mul_and_silu_backward measured slower at 8 (35.8 -> 37.8 us at 1,024 tokens, it spills) and the
+// same at 4; fatrelu the same at 1, 4 and 8.
 template <class G, bool kBackward> constexpr int min_blocks() {
   if constexpr (!kBackward) return 8;
   else if constexpr (HasBackwardMinBlocks<G>) return G::kBackwardMinBlocks;
@@ -182,7 +182,7 @@ __device__ __forceinline__ void unit(const Args<T>& p, const G& gate, int64_t ro
   }
 }
 
-template <class T, class G, bool kVec, bool kBackward, int kMinBlocks = 1>
+template <class T, class G, bool kVec, bool kBackward, int kMinBlocks>
 __global__ void __launch_bounds__(256, kMinBlocks) gated_kernel(Args<T> p, G gate) {
   programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
@@ -218,7 +218,9 @@ void run(const Context& ctx, const char* op, const G& gate, const TensorView& ou
     const int by = 256 / bx;
     const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    launch_programmatic(ctx, op, gated_kernel<T, G, kVec, kBackward, min_blocks<G, kBackward>()>, grid, dim3(bx, by), 0, p, g);
+    constexpr int kMinBlocks = min_blocks<G, kBackward>();  // Note [gated occupancy]
+    launch_programmatic(ctx, op, gated_kernel<T, G, kVec, kBackward, kMinBlocks>, grid, dim3(bx, by), 0, p,
+                        g);
   });
 }
 
