@@ -68,6 +68,7 @@ struct HarnessFlags {
   std::vector<std::string> groups;
   std::vector<std::string> cases;
   std::string json, csv;
+  std::string shard;  // "K/N", see harness::Options::shard_index
   harness::Options options() const;
 };
 void add_harness_flags(CLI::App& cmd, HarnessFlags& flags);

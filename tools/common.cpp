@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <string>
 
 #include "opforge/error.h"
 #include "opforge/registry.h"
@@ -30,6 +31,8 @@ void add_harness_flags(CLI::App& cmd, HarnessFlags& f) {
   cmd.add_option("--case", f.cases, "case labels to run (exact, e.g. t1024xh4096), whatever their group; repeatable");
   cmd.add_option("--json", f.json, "write results as JSON");
   cmd.add_option("--csv", f.csv, "write results as CSV");
+  cmd.add_option("--shard", f.shard, "K/N: only the ops of shard K of N (0 <= K < N, split by op name), "
+                                     "to run one check as N processes");
 }
 
 static CaseGroup parse_group(const std::string& g) {
@@ -68,6 +71,26 @@ harness::Options HarnessFlags::options() const {
   for (const std::string& d : dtypes) o.dtypes.push_back(parse_dtype(d));
   for (const std::string& g : groups) o.groups.push_back(parse_group(g));
   o.cases = cases;
+  if (!shard.empty()) {
+    // "K/N" with 0 <= K < N <= 1000; anything else names what was expected.
+    const size_t slash = shard.find('/');
+    int k = -1, n = 0;
+    try {
+      size_t used_k = 0, used_n = 0;
+      if (slash != std::string::npos) {
+        k = std::stoi(shard.substr(0, slash), &used_k);
+        n = std::stoi(shard.substr(slash + 1), &used_n);
+        if (used_k != slash || used_n != shard.size() - slash - 1) k = -1;
+      }
+    } catch (const std::exception&) {
+      k = -1;
+    }
+    if (k < 0 || n < 1 || n > 1000 || k >= n)
+      throw Error(ErrorCode::parse,
+                  "argument '--shard': expected K/N with 0 <= K < N <= 1000, got '" + shard + "'");
+    o.shard_index = k;
+    o.shard_count = n;
+  }
   o.progress = isatty(2);
   return o;
 }

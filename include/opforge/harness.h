@@ -48,6 +48,10 @@ struct Options {
   int64_t perf_rotate_bytes = 0;
   bool perf_reference = true;        // time reference kernels too (slow on large cases)
   bool progress = false;             // one updating line on stderr
+  // Shard shard_index of shard_count: only the ops whose name hashes (FNV-1a, so every run and
+  // machine splits alike) to this shard, so a long check can run as parallel processes.
+  int shard_index = 0;
+  int shard_count = 1;
 };
 
 enum class Status { pass, fail, skip };

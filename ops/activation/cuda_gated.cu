@@ -90,6 +90,7 @@ struct GeluErf {
 
 // The activation of the gate from the pointwise functors (functors_cuda.cuh), times the up half.
 struct GeluTanh {  // gelu(a) b, gelu(a) = a sigmoid(2u), u = c (a + 0.044715 a^3), c = sqrt(2 / pi)
+  static constexpr int kBackwardMinBlocks = 6;  // Note [gated occupancy]
   bool fast = false;
   __device__ __forceinline__ float value(float a, float b) const { return act::GeluTanh{.fast = fast}.value(a) * b; }
   __device__ __forceinline__ float2 grad(float a, float b, float g) const {
@@ -131,8 +132,9 @@ template <class G> concept HasBackwardMinBlocks = requires { G::kBackwardMinBloc
 // 16-bit kernels; f32's vec tanh form spills 4 bytes). The backward keeps ptxas's choice except
 // the erf form (80 registers at bf16; at 8 blocks no spills in 16 bits, 12 bytes in the f32
 // scalar kernel): gelu_and_mul_backward 40.5 / 615 -> 36.3 / 542 us (87% / 91% -> 97% / 104%).
-// mul_and_silu_backward measured slower at 8 (35.8 -> 37.8 us at 1,024 tokens, it spills) and the
-// same at 4; fatrelu the same at 1, 4 and 8.
+// The tanh form's backward takes 6 (36.30 / 549.9 -> 35.70 / 541.5 us; 8 measured slower, 37.9 at
+// 1,024 tokens). mul_and_silu_backward measured slower at 8 (35.8 -> 37.8 us at 1,024 tokens, it
+// spills) and the same at 4 and 6; fatrelu the same at 1, 4, 6 and 8.
 template <class G, bool kBackward> constexpr int min_blocks() {
   if constexpr (!kBackward) return 8;
   else if constexpr (HasBackwardMinBlocks<G>) return G::kBackwardMinBlocks;

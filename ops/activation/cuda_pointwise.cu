@@ -15,6 +15,8 @@
 //    predicate checks every base for 16-byte alignment and that the row length (d for swigluoai)
 //    and the row strides are multiples of the pack; other layouts take the scalar kernel.
 //  - cuda (priority 100): the same walk over single elements (pairs), any layout the check accepts.
+//  Registers: the 16-bit vec16 kernels of most functors are compiled for 6 or 8 blocks an SM
+//  (Note [pointwise occupancy]).
 //  Launch shape as the gated kernels (cuda_gated.cu): 2-D blocks of 256 threads, x over column
 //  units of a row (up to 256, a power of two), y over rows, grid y capped at 65535 with a row
 //  stride loop. int64 offsets (row * row_stride + column). One launch on ctx.stream, no host
@@ -159,8 +161,8 @@ template <class F> constexpr bool opts_in_two_rows() {
   else return false;
 }
 
-template <class T, class F, Layout L, bool kVec, bool kBackward, int kRows>
-__global__ void __launch_bounds__(256) pointwise_kernel(Args<T> p, F f) {
+template <class T, class F, Layout L, bool kVec, bool kBackward, int kRows, int kMinBlocks>
+__global__ void __launch_bounds__(256, kMinBlocks) pointwise_kernel(Args<T> p, F f) {
   programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
   const int64_t units = p.n / width;
@@ -176,6 +178,28 @@ __global__ void __launch_bounds__(256) pointwise_kernel(Args<T> p, F f) {
     for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.rows; row += row_step)
       unit<T, F, L, kVec, kBackward>(p, g, row, u * width);
   }
+}
+
+// Note [pointwise occupancy]: the kernel's second launch bound, blocks of 256 threads an SM that
+// it is compiled to fit, as the gated kernels' Note [gated occupancy] (cuda_gated.cu): a thread
+// moves a pack or two of a row over a grid of many waves, so warps an SM are what keep loads in
+// flight, and ptxas's own choice of registers held several functors under the copy rate. Chosen
+// per functor and direction from 1, 6 and 8 blocks on an H200, then with against without in one
+// call, bf16, 1,024 / 16,384 x 14,336, us (docs/perf/gpu-h200-2026-12-02-round40.md):
+//   gelu_new, gelu_fast at 8: 16.96 -> 15.96 / 246.4 -> 235.1; backward at 8: 23.76 -> 22.58 /
+//   356.0 -> 343.6; quick_gelu at 6: 16.05 -> 14.56 / 234.7 -> 220.4; xielu at 6: 19.23 ->
+//   17.65 / 278.5 -> 258.7; swigluoai_and_mul at 8: 24.96 -> 22.40 / 365.0 -> 333.8, backward
+//   at 6: 40.66 -> 39.03 / 617.8 -> 585.6 (f16 alike: gelu_new 16.78 -> 15.68).
+// relu2 both ways and the backwards of quick_gelu and xielu measured the same or slower bounded
+// (quick_gelu_backward 21.5 / 21.6 / 22.1 at 1 / 6 / 8), so they keep ptxas's choice, as do f32
+// (half the elements a pack) and the scalar kernels.
+template <class T, class F, bool kVec, bool kBackward> constexpr int min_blocks() {
+  if constexpr (!kVec || sizeof(T) != 2) return 1;
+  else if constexpr (std::is_base_of_v<act::GeluTanh, F>) return 8;  // gelu_new, gelu_fast
+  else if constexpr (std::is_base_of_v<act::ScaledSilu, F> || std::is_same_v<F, act::Xielu>)
+    return kBackward ? 1 : 6;  // quick_gelu, xielu
+  else if constexpr (std::is_same_v<F, act::SwigluOai>) return kBackward ? 6 : 8;
+  else return 1;
 }
 
 int64_t row_stride_of(const TensorView& t) { return t.rows() > 1 ? t.row_stride() : 0; }
@@ -201,18 +225,21 @@ void run(const Context& ctx, const char* op, const F& f, const TensorView& out,
     // Note [two rows a thread]: the forwards whose functor opts in (kTwoRows), from 256 rows on;
     // OPFORGE_CUDA_POINTWISE_ROWS=1 / 2 makes every pointwise kernel take 1 / 2 rows (tuning).
     static const int forced = env_choice("OPFORGE_CUDA_POINTWISE_ROWS", 1, 2);
+    constexpr int kMinBlocks = min_blocks<T, F, kVec, kBackward>();  // Note [pointwise occupancy]
     if constexpr (kVec && L == Layout::pointwise) {
       const bool two_rows = forced ? forced == 2 : !kBackward && opts_in_two_rows<F>() && p.rows >= 256;
       if (two_rows && p.rows >= 2 * by) {
         const int64_t grid_y = std::min<int64_t>((p.rows + 2 * by - 1) / (2 * by), 65535);
         const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-        launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward, 2>, grid, dim3(bx, by), 0, p, f);
+        launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward, 2, kMinBlocks>, grid, dim3(bx, by),
+                            0, p, f);
         return;
       }
     }
     const int64_t grid_y = std::min<int64_t>((p.rows + by - 1) / by, 65535);
     const dim3 grid(unsigned((units + bx - 1) / bx), unsigned(grid_y));
-    launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward, 1>, grid, dim3(bx, by), 0, p, f);
+    launch_programmatic(ctx, op, pointwise_kernel<T, F, L, kVec, kBackward, 1, kMinBlocks>, grid, dim3(bx, by), 0,
+                        p, f);
   });
 }
 

@@ -18,6 +18,12 @@
 //    bases, head_size, token strides and the cache row stride multiples of the pack, and r/2 a
 //    multiple of the pairs of a pack; it names what fails. cuda (priority 100) is the same walk
 //    over single pairs for any layout the check accepts (odd sizes, padded rows).
+//  - Note [rotary heads in flight]: the rotation is in place, so the compiler cannot hoist a later
+//    head's loads above an earlier head's stores; the cuda_vec16 kernel takes its heads two at a
+//    time and loads both heads' packs before it rotates and stores either (about 70 registers at
+//    bf16 instead of 46). H200, bf16, 32 + 8 heads x 128, against the one-head loop in one call,
+//    twice: 1,024 tokens 5.30 -> 5.07 us (96% -> 101% of copy), 16,384 tokens 89.9 -> 88.6
+//    (docs/perf/gpu-h200-2026-12-02-round40.md).
 //  - Launch: blockIdx.x strides over tokens; the grid is min(tokens, 4 x the blocks resident on
 //    all SMs (cuda_device_props)). 64-bit offsets throughout. One launch on ctx.stream, no host
 //    synchronization, no allocation, programmatic (Note [programmatic launch] in cuda_launch.cuh).
@@ -70,45 +76,55 @@ __global__ void __launch_bounds__(256) rotary_kernel(Args<T> p) {
         for (int j = 0; j < P; ++j)
           c[j] = to_f32(cos_row[i0 + j]), s[j] = p.sin_sign * to_f32(sin_row[i0 + j]);
       }
-      for (int64_t h = threadIdx.y; h < p.heads; h += blockDim.y) {
-        T* row = h < p.n_q ? q_row + h * p.head_size : k_row + (h - p.n_q) * p.head_size;
-        if constexpr (kNeox) {
-          T* x1 = row + i0;
-          T* x2 = row + p.half + i0;
-          if constexpr (kVec) {
-            const Pack<T> a = load_pack(x1), b = load_pack(x2);
-            Pack<T> o1, o2;
+      if constexpr (kVec) {  // Note [rotary heads in flight]: two heads' packs, then their stores
+        for (int64_t h0 = threadIdx.y; h0 < p.heads; h0 += 2 * blockDim.y) {
+          const int64_t hs[2] = {h0, h0 + blockDim.y};
+          const bool has[2] = {true, h0 + blockDim.y < p.heads};
+          T* base[2];
+          Pack<T> a[2], b[2];
 #pragma unroll
-            for (int j = 0; j < P; ++j) {
-              const float fa = to_f32(a.v[j]), fb = to_f32(b.v[j]);
-              o1.v[j] = from_f32<T>(fa * c[j] - fb * s[j]);
-              o2.v[j] = from_f32<T>(fb * c[j] + fa * s[j]);
-            }
-            store_pack(x1, o1);
-            store_pack(x2, o2);
-          } else {
-            const float fa = to_f32(*x1), fb = to_f32(*x2);
-            *x1 = from_f32<T>(fa * c[0] - fb * s[0]);
-            *x2 = from_f32<T>(fb * c[0] + fa * s[0]);
+          for (int k = 0; k < 2; ++k) {
+            if (!has[k]) continue;
+            const int64_t h = hs[k];
+            T* row = h < p.n_q ? q_row + h * p.head_size : k_row + (h - p.n_q) * p.head_size;
+            base[k] = kNeox ? row + i0 : row + 2 * i0;
+            a[k] = load_pack(base[k]);
+            if constexpr (kNeox) b[k] = load_pack(base[k] + p.half);
           }
-        } else {
-          T* x = row + 2 * i0;
-          if constexpr (kVec) {
-            const Pack<T> a = load_pack(x);
-            Pack<T> o;
 #pragma unroll
-            for (int j = 0; j < P; ++j) {
-              const float fa = to_f32(a.v[2 * j]), fb = to_f32(a.v[2 * j + 1]);
-              o.v[2 * j] = from_f32<T>(fa * c[j] - fb * s[j]);
-              o.v[2 * j + 1] = from_f32<T>(fb * c[j] + fa * s[j]);
+          for (int k = 0; k < 2; ++k) {
+            if (!has[k]) continue;
+            if constexpr (kNeox) {
+              Pack<T> o1, o2;
+#pragma unroll
+              for (int j = 0; j < P; ++j) {
+                const float fa = to_f32(a[k].v[j]), fb = to_f32(b[k].v[j]);
+                o1.v[j] = from_f32<T>(fa * c[j] - fb * s[j]);
+                o2.v[j] = from_f32<T>(fb * c[j] + fa * s[j]);
+              }
+              store_pack(base[k], o1);
+              store_pack(base[k] + p.half, o2);
+            } else {
+              Pack<T> o;
+#pragma unroll
+              for (int j = 0; j < P; ++j) {
+                const float fa = to_f32(a[k].v[2 * j]), fb = to_f32(a[k].v[2 * j + 1]);
+                o.v[2 * j] = from_f32<T>(fa * c[j] - fb * s[j]);
+                o.v[2 * j + 1] = from_f32<T>(fb * c[j] + fa * s[j]);
+              }
+              store_pack(base[k], o);
             }
-            store_pack(x, o);
-          } else {
-            const float fa = to_f32(x[0]), fb = to_f32(x[1]);
-            x[0] = from_f32<T>(fa * c[0] - fb * s[0]);
-            x[1] = from_f32<T>(fb * c[0] + fa * s[0]);
           }
         }
+        continue;
+      }
+      for (int64_t h = threadIdx.y; h < p.heads; h += blockDim.y) {  // one pair at a time
+        T* row = h < p.n_q ? q_row + h * p.head_size : k_row + (h - p.n_q) * p.head_size;
+        T* x1 = kNeox ? row + i0 : row + 2 * i0;  // NeoX: dims i0 and i0 + r/2; GPT-J: 2 i0, 2 i0 + 1
+        T* x2 = kNeox ? x1 + p.half : x1 + 1;
+        const float fa = to_f32(*x1), fb = to_f32(*x2);
+        *x1 = from_f32<T>(fa * c[0] - fb * s[0]);
+        *x2 = from_f32<T>(fb * c[0] + fa * s[0]);
       }
     }
   }

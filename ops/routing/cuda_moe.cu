@@ -42,7 +42,8 @@
 // 256 threads over the row's units (16-byte packs for cuda_vec16, single elements for cuda); each
 // thread sums w[t, j] * expert_out[inv_perm[t * k + j]] for j = 0..k-1 in f32 in that order and
 // rounds once. inv_perm and the weights of the token are read by every thread (L1 broadcasts);
-// the j loop is unrolled by 4 without branches, so up to 4 row loads per thread are in flight.
+// the j loop is unrolled by 4 without branches, so up to 4 row loads per thread are in flight;
+// with k <= 2 the 16-bit kernel is compiled for 8 blocks an SM instead (Note [combine occupancy]).
 // 64-bit offsets throughout. Vec16 predicates: 16-byte aligned bases, hidden and row strides
 // multiples of the pack (8 bf16 / f16, 4 f32), as pack_rows_problem says.
 #include <cub/block/block_scan.cuh>
@@ -320,8 +321,15 @@ template <class T, class I, bool kVec> struct CombineArgs {
   int64_t y_stride, in_stride, tokens, topk, hidden, pairs;
 };
 
-template <class T, class I, bool kVec>
-__global__ void __launch_bounds__(256) combine_kernel(CombineArgs<T, I, kVec> a) {
+// Note [combine occupancy]: with top-k <= 2 a thread has only one or two rows to load, so the
+// loads in flight an SM are set by its warps: the 16-byte kernel of 16-bit data is then compiled
+// for 8 blocks of 256 an SM (32 registers; ptxas alone takes 54-55 through nvcc 13.0, 4 blocks). H200, bf16, in one
+// call: 16,384 tokens x 4,096, 8 experts, k = 2 (Mixtral) 137.6 -> 99.9 us (70.6% -> 97.5% of
+// copy). With k = 8 (Qwen3, hidden 2,048) the unrolled loads need the registers: the bound made
+// 1 / 16 / 4,096 tokens slower (1.69 -> 2.30, 1.80 -> 2.80, 31.8 -> 33.2 us), so it keeps 40
+// (docs/perf/gpu-h200-2026-12-02-round40.md).
+template <class T, class I, bool kVec, int kMinBlocks>
+__global__ void __launch_bounds__(256, kMinBlocks) combine_kernel(CombineArgs<T, I, kVec> a) {
   programmatic_prologue();  // Note [programmatic launch]
   constexpr int width = kVec ? Pack<T>::n : 1;
   const int64_t units = a.hidden / width;
@@ -378,7 +386,13 @@ void run_unpermute(const Context& ctx, const TensorView& y, const TensorView& ex
       const int64_t units = p.hidden / (kVec ? Pack<T>::n : 1);
       const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (units + 31) / 32 * 32)));
       const dim3 grid(unsigned((units + threads - 1) / threads), unsigned(std::min<int64_t>(p.tokens, 65535)));
-      launch_programmatic(ctx, "moe_unpermute kernel launch", combine_kernel<T, I, kVec>, grid, dim3(threads), 0, a);
+      auto go = [&](auto kernel) {
+        launch_programmatic(ctx, "moe_unpermute kernel launch", kernel, grid, dim3(threads), 0, a);
+      };
+      if constexpr (kVec && sizeof(T) == 2) {
+        if (p.topk <= 2) return go(combine_kernel<T, I, kVec, 8>);  // Note [combine occupancy]
+      }
+      go(combine_kernel<T, I, kVec, 1>);
     };
     if (p.inv_i64) launch(int64_t{});
     else launch(int32_t{});

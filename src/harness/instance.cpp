@@ -164,7 +164,14 @@ bool backend_selected(const Registry& reg, const Options& opt, const KernelEntry
   return false;
 }
 
+int op_shard(const std::string& name, int shard_count) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a, 64-bit
+  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+  return static_cast<int>(h % static_cast<uint64_t>(shard_count));
+}
+
 bool op_selected(const Options& opt, const OpEntry& op) {
+  if (opt.shard_count > 1 && op_shard(op.name, opt.shard_count) != opt.shard_index) return false;
   return opt.ops.empty() || std::find(opt.ops.begin(), opt.ops.end(), op.name) != opt.ops.end();
 }
 

@@ -56,6 +56,8 @@ Decision only(const OpEntry& op, const KernelEntry& k, Device device);
 
 // Kernel filter of Options::backends.
 bool backend_selected(const Registry& reg, const Options& opt, const KernelEntry& k);
+// The shard (0 .. shard_count - 1) an op belongs to under Options::shard_count.
+int op_shard(const std::string& name, int shard_count);
 bool op_selected(const Options& opt, const OpEntry& op);
 bool group_selected(const Options& opt, CaseGroup g, bool perf);
 // A case runs when its label is among Options::cases, or, with no labels given, its group is selected.
