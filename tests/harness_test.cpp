@@ -169,3 +169,37 @@ TEST(HarnessSelection, TrainingCasesRunOnlyWhenNamed) {
 }
 
 }  // namespace
+
+// --shard K/N: every op of the real registry is in exactly one shard, and an op's shard is fixed
+// by its name (FNV-1a), so every run and machine splits the catalogue alike.
+#include "opforge/registry.h"
+
+namespace {
+
+TEST(HarnessSelection, ShardsPartitionTheOps) {
+  using opforge::harness::detail::op_selected;
+  using opforge::harness::detail::op_shard;
+  EXPECT_EQ(op_shard("rms_norm", 4), 0);  // the 64-bit FNV-1a of "rms_norm" modulo 4 and 7
+  EXPECT_EQ(op_shard("rms_norm", 7), 4);
+  const opforge::Registry& reg = opforge::global_registry();
+  ASSERT_GT(reg.ops().size(), 8u);
+  std::vector<int> per_shard(4, 0);
+  for (const opforge::OpEntry* op : reg.ops()) {
+    int owners = 0;
+    for (int k = 0; k < 4; ++k) {
+      opforge::harness::Options opt;
+      opt.shard_index = k, opt.shard_count = 4;
+      if (op_selected(opt, *op)) ++owners, ++per_shard[size_t(k)];
+    }
+    EXPECT_EQ(owners, 1) << op->name;
+  }
+  for (int n : per_shard) EXPECT_GT(n, 0);  // no empty shard in the catalogue
+  opforge::harness::Options named;  // a named op outside the shard is not run by it
+  named.ops = {"rms_norm"};
+  named.shard_index = 1, named.shard_count = 4;
+  EXPECT_FALSE(op_selected(named, reg.op("rms_norm")));
+  named.shard_index = 0;
+  EXPECT_TRUE(op_selected(named, reg.op("rms_norm")));
+}
+
+}  // namespace
