@@ -77,6 +77,21 @@ std::vector<std::string> kernels_for(const OpEntry& op, const CollectOptions& op
   return impls;
 }
 
+// Note [samples on a shared CPU]: a CPU point is the median of kCpuSamples timed samples (each a
+// batch of calls of >= 50 us; at most 5 s a point), not the harness's 5 to 50. On the 2-core Xeon
+// VM, layer_norm at hidden 4,096 and 2-48 tokens (2-20 us a call) timed with 5-50 samples moved by
+// up to 50% between two collections (8 tokens: 4.54 and 6.64 us; 16 tokens: 8.72 and 11.80), out
+// of order with its neighbours, and no interpolation can follow that; with 400 samples three
+// collections agreed within 5% and every line rose smoothly (docs/perf/estimator.md).
+void set_point_samples(const CollectOptions& opt, harness::Options& ho) {
+  constexpr int kCpuSamples = 400;
+  const int samples = opt.samples > 0 ? opt.samples : opt.device == DeviceKind::cpu ? kCpuSamples : 0;
+  if (samples > 0) {
+    ho.perf_min_samples = samples;
+    ho.perf_max_samples = std::max(samples, ho.perf_max_samples);
+  }
+}
+
 double gemm_ceiling(const Registry& reg, const CollectOptions& opt, double copy_gbps) {
   const OpEntry* op = reg.find("linear");
   if (!op) return 0;
@@ -91,18 +106,7 @@ double gemm_ceiling(const Registry& reg, const CollectOptions& opt, double copy_
   const Dims d{{"tokens", n}, {"n", n}, {"k", n}};
   harness::Options ho = opt.harness;
   ho.cuda_device = opt.device_index;
-  // Note [samples on a shared CPU]: a CPU point is the median of kCpuSamples timed samples (each
-  // a batch of calls of >= 50 us; at most 5 s a point), not the harness's 5 to 50. On the 2-core
-  // Xeon VM, layer_norm at hidden 4,096 and 2-48 tokens (2-20 us a call) timed with 5-50 samples
-  // moved by up to 50% between two collections (8 tokens: 4.54 and 6.64 us; 16 tokens: 8.72 and
-  // 11.80), out of order with its neighbours, and no interpolation can follow that; with 400
-  // samples three collections agreed within 5% and every line rose smoothly (docs/perf/estimator.md).
-  constexpr int kCpuSamples = 400;
-  const int samples = opt.samples > 0 ? opt.samples : opt.device == DeviceKind::cpu ? kCpuSamples : 0;
-  if (samples > 0) {
-    ho.perf_min_samples = samples;
-    ho.perf_max_samples = std::max(samples, ho.perf_max_samples);
-  }
+  set_point_samples(opt, ho);
   const Cost cost = cost_at("linear", opt.dtype, d);
   harness::PerfExtras extras;
   extras.cost = &cost;
@@ -356,18 +360,7 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
   // on one warm weight.
   harness::Options ho = opt.harness;
   ho.cuda_device = opt.device_index;
-  // Note [samples on a shared CPU]: a CPU point is the median of kCpuSamples timed samples (each
-  // a batch of calls of >= 50 us; at most 5 s a point), not the harness's 5 to 50. On the 2-core
-  // Xeon VM, layer_norm at hidden 4,096 and 2-48 tokens (2-20 us a call) timed with 5-50 samples
-  // moved by up to 50% between two collections (8 tokens: 4.54 and 6.64 us; 16 tokens: 8.72 and
-  // 11.80), out of order with its neighbours, and no interpolation can follow that; with 400
-  // samples three collections agreed within 5% and every line rose smoothly (docs/perf/estimator.md).
-  constexpr int kCpuSamples = 400;
-  const int samples = opt.samples > 0 ? opt.samples : opt.device == DeviceKind::cpu ? kCpuSamples : 0;
-  if (samples > 0) {
-    ho.perf_min_samples = samples;
-    ho.perf_max_samples = std::max(samples, ho.perf_max_samples);
-  }
+  set_point_samples(opt, ho);
   if (ho.perf_rotate_bytes == 0)
     ho.perf_rotate_bytes = opt.device != DeviceKind::cpu ? int64_t(256) << 20 : 4 * cpu::cpu_info().l3.bytes;
   // Note [passes over a line]: a shared VM's speed drifts over minutes (on the 2-core Xeon VM the
