@@ -323,11 +323,11 @@ template <class T, class I, bool kVec> struct CombineArgs {
 
 // Note [combine occupancy]: with top-k <= 2 a thread has only one or two rows to load, so the
 // loads in flight an SM are set by its warps: the 16-byte kernel of 16-bit data is then compiled
-// for 8 blocks of 256 an SM (32 registers; ptxas alone takes 54-55 through nvcc 13.0, 4 blocks). H200, bf16, in one
-// call: 16,384 tokens x 4,096, 8 experts, k = 2 (Mixtral) 137.6 -> 99.9 us (70.6% -> 97.5% of
-// copy). With k = 8 (Qwen3, hidden 2,048) the unrolled loads need the registers: the bound made
-// 1 / 16 / 4,096 tokens slower (1.69 -> 2.30, 1.80 -> 2.80, 31.8 -> 33.2 us), so it keeps 40
-// (docs/perf/gpu-h200-2026-12-02-round40.md).
+// for 8 blocks of 256 an SM (32 registers; ptxas alone takes 54-55 through nvcc 13.0, 4 blocks).
+// H200, bf16, in one call: 16,384 tokens x 4,096, 8 experts, k = 2 (Mixtral) 137.6 -> 99.9 us
+// (70.6% -> 97.5% of copy). With k = 8 (Qwen3, hidden 2,048) the unrolled loads need the
+// registers: the bound made 1 / 16 / 4,096 tokens slower (1.69 -> 2.30, 1.80 -> 2.80, 31.8 ->
+// 33.2 us), so k > 2 keeps ptxas's choice (docs/perf/gpu-h200-2026-12-02-round40.md).
 template <class T, class I, bool kVec, int kMinBlocks>
 __global__ void __launch_bounds__(256, kMinBlocks) combine_kernel(CombineArgs<T, I, kVec> a) {
   programmatic_prologue();  // Note [programmatic launch]
