@@ -42,29 +42,6 @@ double at(const Database& db, int64_t tokens) {
   return db.query("rms_norm", "cpu", "bf16", {{"tokens", tokens}, {"hidden", 4096}}).us;
 }
 
-// Note [points out of line]: a point off the log-log line of its neighbours is named with them;
-// a power law, however steep, names nothing; failed points (y <= 0) are left out.
-TEST(PerfdbCollect, PointsOutOfLineNamesTheOutlierAndItsNeighbours) {
-  using detail::points_out_of_line;
-  const std::vector<double> xs{1, 2, 4, 8, 16, 32};
-  std::vector<double> ys;
-  for (double x : xs) ys.push_back(3.0 * std::pow(x, 1.7));
-  EXPECT_TRUE(points_out_of_line(xs, ys, 0.08).empty());
-  std::vector<double> bumped = ys;
-  bumped[3] *= 1.10;  // 10% slow at x = 8
-  EXPECT_EQ(points_out_of_line(xs, bumped, 0.08), (std::vector<size_t>{2, 3, 4}));
-  EXPECT_TRUE(points_out_of_line(xs, bumped, 0.12).empty());
-  bumped[3] = ys[3] * 0.90;  // and 10% fast
-  EXPECT_EQ(points_out_of_line(xs, bumped, 0.08), (std::vector<size_t>{2, 3, 4}));
-  bumped[3] = -1;  // a failed point is neither judged nor a neighbour
-  EXPECT_TRUE(points_out_of_line(xs, bumped, 0.08).empty());
-  // An end point is judged only as a neighbour: a slow last point marks nothing on its own.
-  std::vector<double> last = ys;
-  last.back() *= 2.0;
-  EXPECT_EQ(points_out_of_line(xs, last, 0.08), (std::vector<size_t>{3, 4, 5}));  // x = 16 now looks off
-  EXPECT_TRUE(points_out_of_line({1, 2}, {1, 5}, 0.08).empty());
-}
-
 }  // namespace
 
 TEST(PerfdbInterp, ExactAtStoredPoints) {

@@ -22,7 +22,6 @@ void add_collect(CLI::App& app, int& status) {
     std::vector<int64_t> tp;
     int samples = 0;  // 0: the device's default (perfdb::CollectOptions::samples)
     int passes = 0;   // 0: the device's default (perfdb::CollectOptions::passes)
-    int retime = -1;  // -1: the device's default (perfdb::CollectOptions::retime_rounds)
     bool dry_run = false;
     bool replace = false;
   };
@@ -43,10 +42,6 @@ void add_collect(CLI::App& app, int& status) {
   cmd->add_option("--passes", f->passes,
                   "passes over each line of the grid, the fastest pass kept (default: 3 on the CPU, 1 on a GPU)")
       ->check(CLI::Range(1, 10));
-  cmd->add_option("--retime", f->retime,
-                  "rounds of timing again the points more than 8% off the line through their neighbours, with "
-                  "those neighbours (default: 2 on the CPU, 0 on a GPU)")
-      ->check(CLI::Range(0, 10));
   cmd->add_flag("--replace", f->replace,
                 "measure the selected points again although the files hold them (their old rows are dropped, the "
                 "others kept; the header records it)");
@@ -90,7 +85,6 @@ void add_collect(CLI::App& app, int& status) {
     o.progress = isatty(2);
     o.samples = f->samples;
     o.passes = f->passes;
-    o.retime_rounds = f->retime;
     for (const std::string& impl : o.impls) {
       bool known = false;
       for (const OpEntry* op : reg.ops())
@@ -103,7 +97,6 @@ void add_collect(CLI::App& app, int& status) {
     if (s.ceiling_gflops_end > 0) std::printf("GEMM ceiling again at the end: %.1f GFLOP/s\n", s.ceiling_gflops_end);
     std::printf("measured %d rows, %d already present, %d grid points over the cap, %d not measured, "
                 "in %.0f s\n", s.measured, s.already_present, s.capped, s.not_applicable, s.seconds);
-    if (s.retimed > 0) std::printf("%d timings again of points out of line with their neighbours\n", s.retimed);
     for (const std::string& file : s.files) std::printf("  %s\n", file.c_str());
     status = 0;
   });

@@ -85,10 +85,6 @@ struct CollectOptions {
   // Passes over each line of the grid (Note [passes over a line] in src/perfdb/collect.cpp), each
   // with 1 / passes of a point's time cap; 0: the device's default (3 on the CPU, 1 on a GPU).
   int passes = 0;
-  // Rounds of timing again the points of a one-axis line that lie off the log-log line through
-  // their neighbours (Note [points out of line] in src/perfdb/collect.cpp); -1: the device's
-  // default (2 on the CPU, 0 on a GPU).
-  int retime_rounds = -1;
   // Where notices go (default: stderr, one line each).
   std::function<void(const std::string&)> notice;
 };
@@ -98,7 +94,6 @@ struct CollectSummary {
   int already_present = 0;  // rows found in the files (resumed)
   int capped = 0;           // grid points dropped by the cap
   int not_applicable = 0;   // kernel predicate said no, or the measurement failed (noticed)
-  int retimed = 0;          // timings of points out of line (Note [points out of line])
   double seconds = 0;
   double ceiling_gbps = 0, ceiling_gflops = 0;
   // Note [ceiling drift]: the GEMM ceiling measured again after the rows (0 when nothing was

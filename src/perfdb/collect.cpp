@@ -25,7 +25,6 @@
 #include "opforge/collect.h"
 #include "opforge/registry.h"
 #include "perfdb/collect_internal.h"
-#include "perfdb/internal.h"
 
 namespace opforge::perfdb {
 
@@ -408,66 +407,46 @@ CollectSummary collect(const Registry& reg, const CollectOptions& opt) {
         p.failed = e.what();
       }
     }
-    // One timing of point `at` in pass `pass` (the plan is recorded in pass 0); the fastest kept.
-    auto time_point = [&](size_t at, int pass) {
-      const Job& job = jobs[first + at];
-      Point& p = pts[at];
-      if (!p.failed.empty()) return;
-      if (opt.progress) {
-        const double done_calls = double(timed), all_calls = double(jobs.size()) * passes;
-        const double eta = timed ? measured_seconds / done_calls * (all_calls - done_calls) : -1;
-        std::cerr << "\r\033[K[" << first + at << "/" << jobs.size() << "] " << job.grid->op << " " << job.impl
-                  << " " << dims_line(*job.grid, job.dims)
-                  << (pass >= passes ? std::string("  out of line: again")
-                      : passes > 1 ? "  pass " + std::to_string(pass + 1) + "/" + std::to_string(passes) : "")
-                  << "  ETA " << clock_text(eta) << std::flush;
-      }
-      const auto t0 = Clock::now();
-      try {
-        harness::PerfExtras extras;
-        extras.cost = &p.cost;
-        extras.energy_mj = energy;
-        // 0.12 s of calls between two readings of the cumulative counter (updated every few ms on
-        // Hopper): within a few percent, and the energy run no longer dominates a collection.
-        extras.energy_seconds = 0.12;
-        harness::Result r;
-        {
-          plan::Recording recording;
-          r = harness::perf_case(reg, pass_ho, job.grid->op, job.impl, p.c, dtype, sum.ceiling_gbps, extras);
-          if (pass == 0) p.decisions = recording.decisions();
-        }
-        if (r.status != harness::Status::pass) {
-          p.failed = r.detail;
-        } else if (p.best_us < 0 || r.median_us < p.best_us) {
-          p.best_us = r.median_us;
-          p.energy_uj = r.energy_uj;
-        }
-      } catch (const std::exception& e) {
-        p.failed = e.what();
-      }
-      measured_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      ++timed;
-    };
-    for (int pass = 0; pass < passes; ++pass)
-      for (size_t i = 0; i < pts.size(); ++i) time_point(pass % 2 ? pts.size() - 1 - i : i, pass);
-    // Note [points out of line]: passes leave out the disturbances of a period of a shared VM,
-    // but not one that lasts through a point's every pass, and leave-one-out cannot predict such a
-    // point from its neighbours. On a one-axis line, a point more than 8% (the goal's p90) off the
-    // log-log line through its two neighbours is timed once more together with them, up to
-    // retime_rounds times, each keeping its fastest time: a disturbance goes, a real step (a cache
-    // level, a change of plan) stays, at the cost of a few timings.
-    const int retime_rounds = opt.retime_rounds >= 0 ? opt.retime_rounds : opt.device == DeviceKind::cpu ? 2 : 0;
-    const std::vector<std::string>& axes = jobs[first].grid->axes;
-    for (int round = 0; round < retime_rounds && axes.size() == 1 && pts.size() >= 3; ++round) {
-      std::vector<double> xs, ys;
+    for (int pass = 0; pass < passes; ++pass) {
       for (size_t i = 0; i < pts.size(); ++i) {
-        xs.push_back(double(jobs[first + i].dims.at(axes[0])));
-        ys.push_back(pts[i].failed.empty() ? pts[i].best_us : -1.0);
+        const size_t at = pass % 2 ? pts.size() - 1 - i : i;
+        const Job& job = jobs[first + at];
+        Point& p = pts[at];
+        if (!p.failed.empty()) continue;
+        if (opt.progress) {
+          const double done_calls = double(timed), all_calls = double(jobs.size()) * passes;
+          const double eta = timed ? measured_seconds / done_calls * (all_calls - done_calls) : -1;
+          std::cerr << "\r\033[K[" << first + at << "/" << jobs.size() << "] " << job.grid->op << " " << job.impl
+                    << " " << dims_line(*job.grid, job.dims)
+                    << (passes > 1 ? "  pass " + std::to_string(pass + 1) + "/" + std::to_string(passes) : "")
+                    << "  ETA " << clock_text(eta) << std::flush;
+        }
+        const auto t0 = Clock::now();
+        try {
+          harness::PerfExtras extras;
+          extras.cost = &p.cost;
+          extras.energy_mj = energy;
+          // 0.12 s of calls between two readings of the cumulative counter (updated every few ms on
+          // Hopper): within a few percent, and the energy run no longer dominates a collection.
+          extras.energy_seconds = 0.12;
+          harness::Result r;
+          {
+            plan::Recording recording;
+            r = harness::perf_case(reg, pass_ho, job.grid->op, job.impl, p.c, dtype, sum.ceiling_gbps, extras);
+            if (pass == 0) p.decisions = recording.decisions();
+          }
+          if (r.status != harness::Status::pass) {
+            p.failed = r.detail;
+          } else if (p.best_us < 0 || r.median_us < p.best_us) {
+            p.best_us = r.median_us;
+            p.energy_uj = r.energy_uj;
+          }
+        } catch (const std::exception& e) {
+          p.failed = e.what();
+        }
+        measured_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        ++timed;
       }
-      const std::vector<size_t> again = detail::points_out_of_line(xs, ys, 0.08);
-      if (again.empty()) break;
-      for (size_t at : again) time_point(at, passes + round);
-      sum.retimed += int(again.size());
     }
     for (size_t j = first; j < last; ++j) {  // the line's rows, in grid order
       const Job& job = jobs[j];

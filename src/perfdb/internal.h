@@ -469,24 +469,6 @@ inline std::optional<double> interp_by_lines(const AxisLines& lines, double x0, 
 }
 
 // "a=1, b=2" in the table's column order.
-// Note [points out of line] (collect.cpp): the indices of the interior points of a line (xs
-// ascending, ys > 0) whose y lies more than `tolerance` (relative) off the log-log line through
-// its two neighbours, with those neighbours: the points a collection times once more.
-inline std::vector<size_t> points_out_of_line(const std::vector<double>& xs, const std::vector<double>& ys,
-                                              double tolerance) {
-  std::vector<bool> mark(xs.size(), false);
-  for (size_t i = 1; i + 1 < xs.size(); ++i) {
-    if (!(ys[i - 1] > 0 && ys[i] > 0 && ys[i + 1] > 0) || !(xs[i - 1] > 0 && xs[i - 1] < xs[i] && xs[i] < xs[i + 1]))
-      continue;
-    const double predicted = log_interp(xs[i - 1], ys[i - 1], xs[i + 1], ys[i + 1], xs[i]);
-    if (std::fabs(ys[i] / predicted - 1.0) > tolerance) mark[i - 1] = mark[i] = mark[i + 1] = true;
-  }
-  std::vector<size_t> out;
-  for (size_t i = 0; i < mark.size(); ++i)
-    if (mark[i]) out.push_back(i);
-  return out;
-}
-
 std::string dims_text(const Dims& dims, const std::vector<std::string>& order);
 
 // The threads the table's device ran on: the "(T threads)" that `opforge collect` writes at the
