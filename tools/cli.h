@@ -1,7 +1,9 @@
 // Shared pieces of the `opforge` command-line tool: one file per subcommand (tools/cmd_*.cpp).
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -72,6 +74,8 @@ struct HarnessFlags {
   harness::Options options() const;
 };
 void add_harness_flags(CLI::App& cmd, HarnessFlags& flags);
+// "A<sep>B" with A and B whole integers (nothing else around them), else nullopt.
+std::optional<std::pair<int64_t, int64_t>> parse_int_pair(const std::string& text, char sep);
 void print_and_save(const harness::Report& report, const HarnessFlags& flags);
 
 }  // namespace opforge::cli

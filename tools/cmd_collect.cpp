@@ -60,24 +60,12 @@ void add_collect(CLI::App& app, int& status) {
     o.models = f->models;
     o.tp = f->tp;
     for (const std::string& r : f->ranges) {
-      const size_t eq = r.find('='), colon = r.find(':', eq == std::string::npos ? 0 : eq);
-      int64_t lo = 0, hi = 0;
-      size_t used_lo = 0, used_hi = 0;
-      bool ok = eq != std::string::npos && eq > 0 && colon != std::string::npos;
-      try {
-        if (ok) {
-          const std::string a = r.substr(eq + 1, colon - eq - 1), b = r.substr(colon + 1);
-          lo = std::stoll(a, &used_lo);
-          hi = std::stoll(b, &used_hi);
-          ok = used_lo == a.size() && used_hi == b.size();
-        }
-      } catch (const std::exception&) {
-        ok = false;
-      }
-      if (!ok) throw Error(ErrorCode::invalid_argument, "--range '" + r + "': expected NAME=LO:HI, e.g. tokens=1:4096");
+      const size_t eq = r.find('=');
+      const auto lo_hi = eq != std::string::npos && eq > 0 ? parse_int_pair(r.substr(eq + 1), ':') : std::nullopt;
+      if (!lo_hi) throw Error(ErrorCode::invalid_argument, "--range '" + r + "': expected NAME=LO:HI, e.g. tokens=1:4096");
       if (o.ranges.count(r.substr(0, eq)))
         throw Error(ErrorCode::invalid_argument, "--range: '" + r.substr(0, eq) + "' given twice");
-      o.ranges[r.substr(0, eq)] = {lo, hi};
+      o.ranges[r.substr(0, eq)] = {lo_hi->first, lo_hi->second};
     }
     o.ops = f->ops;
     o.dry_run = f->dry_run;

@@ -35,6 +35,20 @@ void add_harness_flags(CLI::App& cmd, HarnessFlags& f) {
                                      "to run one check as N processes");
 }
 
+std::optional<std::pair<int64_t, int64_t>> parse_int_pair(const std::string& text, char sep) {
+  const size_t at = text.find(sep);
+  if (at == std::string::npos) return std::nullopt;
+  const std::string a = text.substr(0, at), b = text.substr(at + 1);
+  try {
+    size_t used_a = 0, used_b = 0;
+    const int64_t x = std::stoll(a, &used_a), y = std::stoll(b, &used_b);
+    if (used_a != a.size() || used_b != b.size()) return std::nullopt;
+    return std::make_pair(x, y);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 static CaseGroup parse_group(const std::string& g) {
   for (CaseGroup c : {CaseGroup::small, CaseGroup::medium, CaseGroup::large, CaseGroup::edge, CaseGroup::training})
     if (g == case_group_name(c)) return c;
@@ -73,23 +87,13 @@ harness::Options HarnessFlags::options() const {
   o.cases = cases;
   if (!shard.empty()) {
     // "K/N" with 0 <= K < N <= 1000; anything else names what was expected.
-    const size_t slash = shard.find('/');
-    int k = -1, n = 0;
-    try {
-      size_t used_k = 0, used_n = 0;
-      if (slash != std::string::npos) {
-        k = std::stoi(shard.substr(0, slash), &used_k);
-        n = std::stoi(shard.substr(slash + 1), &used_n);
-        if (used_k != slash || used_n != shard.size() - slash - 1) k = -1;
-      }
-    } catch (const std::exception&) {
-      k = -1;
-    }
+    const auto kn = parse_int_pair(shard, '/');
+    const int64_t k = kn ? kn->first : -1, n = kn ? kn->second : 0;
     if (k < 0 || n < 1 || n > 1000 || k >= n)
       throw Error(ErrorCode::parse,
                   "argument '--shard': expected K/N with 0 <= K < N <= 1000, got '" + shard + "'");
-    o.shard_index = k;
-    o.shard_count = n;
+    o.shard_index = int(k);
+    o.shard_count = int(n);
   }
   o.progress = isatty(2);
   return o;
