@@ -2,9 +2,10 @@
 //
 // Math (the ops' docs): a = x[..., :d], b = x[..., d:], s = sigmoid(a) = 1 / (1 + e^-a);
 // y = a / (1 + e^-a) * b; dx[..., :d] = dy * b * s * (1 + a * (1 - s)), dx[..., d:] = dy * a * s.
-// Computed in f32, rounded once per output. s comes from act::sigmoid_both (Note [activation math,
-// cuda]): accurate expf and division for f32 data; __expf and __fdividef for f16 / bf16 data, whose
-// relative errors (about 2^-21) sit far under the result's spacing (2^-11, 2^-8) and which keep the
+// Computed in f32, rounded once per output. s comes from act::ScaledSilu (Note [activation math,
+// cuda]): accurate expf and division for f32 data; ex2.approx.ftz and rcp.approx.ftz for f16 / bf16
+// data (the forward's s one-sided, Note [forward sigmoid]), whose relative errors (about 2^-22)
+// sit far under the result's spacing (2^-11, 2^-8) and which keep the
 // 16-bit kernels bound by memory rather than by the ~40 instructions an element of the accurate
 // forms (the fused multiply of d elements per row leaves about 7 flops a byte at most).
 //

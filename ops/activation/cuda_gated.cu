@@ -10,8 +10,8 @@
 //   Backward: dx[..., :d] = dy * d y / d a, dx[..., d:] = dy * d y / d b.
 // Each functor (Gate below) gives y and (dy/da, dy/db) in f32; every output is rounded once. The
 // tanh form and mul_and_silu take their sigmoid from act::sigmoid_both (Note [activation math,
-// cuda]; 0.5 (1 + tanh(u)) = sigmoid(2u)): accurate expf and division for f32 data, __expf and
-// __fdividef for f16 / bf16 data (`fast`, set by run()), whose ~2^-21 relative errors sit far under
+// cuda]; 0.5 (1 + tanh(u)) = sigmoid(2u)): accurate expf and division for f32 data, exp2_ftz and
+// rcp_ftz for f16 / bf16 data (`fast`, set by run()), whose ~2^-22 relative errors sit far under
 // the result's spacing. The erf form keeps erff for f32 data and takes a rational approximation
 // of Phi for 16-bit data (phi_fast below).
 //
@@ -51,12 +51,15 @@ namespace {
 // torch.compile, so Phi comes from the rational form of Abramowitz & Stegun 7.1.26:
 // erfc(x) ~ t (p1 + t (p2 + t (p3 + t (p4 + t p5)))) e^(-x^2), t = 1 / (1 + p x), x = |a| / sqrt 2,
 // absolute error below 1.5e-7 (below 7.5e-8 in Phi, the size of erff's own rounding in the left
-// tail above), with __expf and __fdividef; a result's spacing is 2^-8 (bf16) or 2^-11 (f16) of it.
-// e^(-x^2) = e^(-a^2 / 2) is also the density's exponential, so the backward shares it.
+// tail above), with exp2_ftz and rcp_ftz (Note [element exp]; __expf costs a range test and two
+// multiplies more: bf16 1,024 / 16,384 x 14,336 on an H200 23.19 -> 21.48 / 349.2 -> 319.1
+// us, 90.8% -> 98.0% / 96.5% -> 105.6% of copy, docs/perf/gpu-h200-2026-12-03-round41.md); a
+// result's spacing is 2^-8 (bf16) or 2^-11 (f16) of it. e^(-x^2) = e^(-a^2 / 2) is also the
+// density's exponential, so the backward shares it.
 __device__ __forceinline__ float phi_fast(float a, float& gauss) {
   const float x = fabsf(a) * 0.70710678118654752f;
-  const float t = __fdividef(1.0f, fmaf(0.3275911f, x, 1.0f));
-  gauss = __expf(-x * x);
+  const float t = rcp_ftz(fmaf(0.3275911f, x, 1.0f));
+  gauss = exp2_ftz(x * (x * -kLog2e));
   const float poly =
       t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f),
                0.254829592f);

@@ -14,33 +14,54 @@
 // 1 and derivatives multiply it by terms that grow with a). expf, expm1f: accurate CUDA math (no
 // fast-math intrinsics), except where a functor's `fast` is set: the pointwise kernels
 // (cuda_pointwise.cu) and the gated ones (cuda.cu, cuda_gated.cu) set it for f16 / bf16 data, and
-// the sigmoid then takes __expf and __fdividef (relative errors near 2^-21 and 2 ulp, far under
-// the 2^-11 / 2^-8 spacing of the result's dtype; as Note [element exp] in
-// ops/softmax/row_reduce.cuh), which keeps gelu_new / gelu_fast / quick_gelu, silu_and_mul,
-// mul_and_silu, gelu_and_mul's tanh form and swigluoai_and_mul from being bound by the arithmetic
-// instead of memory (xielu: Note [xielu fast]). Comparisons are written so that NaN propagates
-// as in the reference (std::max(a, 0) and std::min(a, eps) return a NaN a).
+// the sigmoid then takes exp2_ftz and rcp_ftz (ex2.approx.ftz, rcp.approx.ftz: relative errors
+// near 2^-22 and 2^-23, far under the 2^-11 / 2^-8 spacing of the result's dtype; Note [element
+// exp] in backends/cuda/cuda_launch.cuh), and a forward its one-sided form (Note [forward
+// sigmoid]), which keeps gelu_new / gelu_fast / quick_gelu, silu_and_mul, mul_and_silu,
+// gelu_and_mul and swigluoai_and_mul from being bound by the arithmetic instead of memory (xielu:
+// Note [xielu fast]). What .ftz changes: an exp below 2^-126 is 0, so s or 1 - s is 0 where the
+// reference has a value below 1.2e-38. __expf (no .ftz) costs a range test and two multiplies
+// more an exp; with that and the one-sided forward, H200, bf16, 1,024 / 16,384 x 14,336, us, before
+// -> after
+// (docs/perf/gpu-h200-2026-12-03-round41.md): gelu_new 15.99 -> 15.06 / 236.6 -> 221.9 (87.5% ->
+// 92.8% / 94.6% -> 100.8% of copy), gelu_new_backward 22.56 -> 21.67 / 347.2 -> 328.9,
+// swigluoai_and_mul 22.44 -> 21.67 / 338.0 -> 320.6, its backward 38.87 -> 38.61 / 588.3 -> 575.8,
+// gelu_and_mul (erf) 23.19 -> 21.48 / 349.2 -> 319.1. Comparisons are written so that NaN
+// propagates as in the reference (std::max(a, 0) and std::min(a, eps) return a NaN a).
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include "backends/cuda/cuda_launch.cuh"
 
 namespace opforge::cuda::act {
 
 // s = sigmoid(z) and sc = 1 - s = sigmoid(-z). fast: the intrinsics (16-bit data only).
 __device__ __forceinline__ void sigmoid_both(float z, float& s, float& sc, bool fast = false) {
-  const float e = fast ? __expf(-fabsf(z)) : expf(-fabsf(z));
-  const float r = fast ? __fdividef(1.0f, 1.0f + e) : 1.0f / (1.0f + e);
+  const float e = fast ? exp2_ftz(-fabsf(z) * kLog2e) : expf(-fabsf(z));
+  const float r = fast ? rcp_ftz(1.0f + e) : 1.0f / (1.0f + e);
   const float er = e * r;
   const bool negative = z < 0.0f;
   s = negative ? er : r;
   sc = negative ? r : er;
 }
 
+// Note [forward sigmoid]: a forward needs s = sigmoid(z) alone, never 1 - s, so with `fast` it
+// takes s = 1 / (1 + 2^w), w = -z log2(e), with no |z| and no select: 2^w overflows to +inf for z
+// below -88.7 and the reciprocal is then 0, the limit; 2^w below 2^-126 is 0 and s is 1. The
+// scale log2(e) is folded into the functor's own constants (w is a z already scaled), so s costs
+// one MUFU.EX2, an add and one MUFU.RCP (exp2_ftz, rcp_ftz: Note [element exp]); the both-sided
+// form above spends a multiply, a compare and a select more, and __expf without .ftz a range test
+// and two multiplies (bf16 gelu_new: 200 -> 144 SASS instructions for a pack of 8). Relative
+// error near 2^-21, far under the 2^-11 / 2^-8 spacing of 16-bit results.
+__device__ __forceinline__ float sigmoid_of_log2(float w) { return rcp_ftz(1.0f + exp2_ftz(w)); }
+
 // a sigmoid(alpha a): quick_gelu (alpha 1.702), swigluoai_and_mul's gate.
 struct ScaledSilu {
   float alpha = 1.0f;
   bool fast = false;
   __device__ __forceinline__ float value(float a) const {
+    if (fast) return a * sigmoid_of_log2(a * (-kLog2e * alpha));  // Note [forward sigmoid]
     float s, sc;
     sigmoid_both(alpha * a, s, sc, fast);
     return a * s;
@@ -63,6 +84,10 @@ struct GeluTanh {
     return 2.0f * c * a * (1.0f + 0.044715f * a * a);
   }
   __device__ __forceinline__ float value(float a) const {
+    if (fast) {  // Note [forward sigmoid]: w = -2u log2(e) = a (k0 + k1 a^2)
+      const float k0 = -2.0f * kLog2e * c, k1 = k0 * 0.044715f;
+      return a * sigmoid_of_log2(a * (k0 + k1 * (a * a)));
+    }
     float s, sc;
     sigmoid_both(two_u(a), s, sc, fast);
     return a * s;
@@ -95,37 +120,38 @@ struct Relu2 {
 
 // xielu: alpha_p a^2 + beta a for a > 0, (expm1(min(a, eps)) - a) alpha_n + beta a otherwise.
 // d/da: 2 alpha_p a + beta for a > 0; alpha_n ((a < eps ? e^a : 0) - 1) + beta otherwise.
-// Note [xielu fast]: with `fast` (16-bit data) the forward's expm1(m) - a is taken as
-// (expm1(m) - m) + (m - a), the first term a polynomial m^2 (1/2 + m/6 + m^2/24 + m^3/120 +
-// m^4/720) for |m| < 1/2 (truncation below 7e-6 relative: it never subtracts two near values, so
-// it keeps its relative accuracy where expm1(m) - m is tiny, unlike expm1f(m) - m) and
-// exp(m) - 1 - m elsewhere, the exp one ex2.approx.ftz (absolute error near 2^-21 against a value
-// of at least 0.1). Both forms and both signs of a are computed and selected, with no branch: with
-// random signs a warp ran every path of the branching form one after another. The accurate
-// expm1f (range reduction and a polynomial, about 30 instructions) with those branches made the
-// bf16 forward bound by the arithmetic. H200, bf16, 16,384 / 1,024 x 14,336: 411.7 / 27.8 us (54% /
-// 50% of the copy bandwidth) -> 264.3 / 18.2 (85% / 77%), 255 / 17.8 with two rows a thread
-// (docs/perf/gpu-h200-2026-11-30-round28.md). The slope keeps expf.
+// Note [xielu fast]: with `fast` (16-bit data) the forward's expm1(m) - a, m = min(a, eps), is
+// taken as (expm1(m) - m) + (m - a) with the polynomial m^2 (1/2 + m/6 + m^2/24) for the first
+// term where |m| < 1/8 (truncation below 3.3e-5 relative: it never subtracts two near values, so
+// it keeps its relative accuracy where expm1(m) - m is tiny, unlike expm1f(m) - m), and as
+// 2^(m log2 e) - (1 + a) elsewhere, the exp one ex2.approx.ftz (absolute error near 2^-22 against
+// a value of at least 0.0075: below 4e-5 relative). Both forms and both signs of a are computed and
+// selected, with no branch: with random signs a warp ran every path of the branching form one
+// after another. The accurate expm1f (range reduction and a polynomial, about 30 instructions)
+// with those branches made the bf16 forward bound by the arithmetic. H200, bf16, 16,384 / 1,024 x
+// 14,336: 411.7 / 27.8 us (54% / 50% of the copy bandwidth) -> 264.3 / 18.2 (85% / 77%), 255 / 17.8
+// with two rows a thread (docs/perf/gpu-h200-2026-11-30-round28.md); then with the degree-6
+// polynomial to 1/2 and expm1 - m formed apart from m - a (448 SASS instructions for two rows of a
+// pack) 258.4 / 17.8, with this form 384 instructions and 247.4 / 16.86 (87.0% -> 90.3% / 79% ->
+// 82.7% of copy; docs/perf/gpu-h200-2026-12-03-round41.md). The slope keeps expf.
 struct Xielu {
   static constexpr bool kTwoRows = true;  // the pointwise kernel's Note [two rows a thread]
   float alpha_p = 0.8f, alpha_n = 0.8f, beta = 0.5f, eps = -1e-6f;
   bool fast = false;
-  __device__ __forceinline__ static float expm1_minus_x(float m) {
-    const float q = 1.0f / 6 + m * (1.0f / 24 + m * (1.0f / 120 + m * (1.0f / 720)));
-    const float small = m * m * (0.5f + m * q);
-    float e;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(m * 1.4426950408889634f));
-    const float large = (e - 1.0f) - m;
-    return fabsf(m) < 0.5f ? small : large;
-  }
+  // The value for a <= 0: (expm1(m) - a) alpha_n + beta a, m = min(a, eps).
   __device__ __forceinline__ float negative_part(float a) const {
+    if (fast) {  // Note [xielu fast]
+      const float m = fminf(a, eps);  // a NaN a: m = eps, and m - a below makes the result NaN
+      const float near_zero = (m * m) * (0.5f + m * (1.0f / 6 + m * (1.0f / 24))) + (m - a);
+      const float far = exp2_ftz(m * kLog2e) - (1.0f + a);
+      return (fabsf(m) < 0.125f ? near_zero : far) * alpha_n + beta * a;
+    }
     const float m = eps < a ? eps : a;  // std::min(a, eps): a NaN a stays NaN
-    if (fast) return (expm1_minus_x(m) + (m - a)) * alpha_n + beta * a;
     return (expm1f(m) - a) * alpha_n + beta * a;
   }
   __device__ __forceinline__ float value(float a) const {
     if (fast) {  // both sides, then a select (Note [xielu fast])
-      const float positive = a * (alpha_p * a + beta), negative = negative_part(a);
+      const float positive = alpha_p * a * a + beta * a, negative = negative_part(a);
       return a > 0.0f ? positive : negative;
     }
     return a > 0.0f ? alpha_p * a * a + beta * a : negative_part(a);

@@ -45,7 +45,6 @@ namespace cg = cooperative_groups;
 using rows::cached_stats;
 using rows::cluster_row;
 using rows::ClusterRow;
-using rows::kLog2e;
 using rows::load_segment;
 using rows::merge_all;
 using rows::row_stats;

@@ -24,7 +24,7 @@
 //  - cuda_vec16 (priority 200) moves 16-byte packs (8 bf16/f16 or 4 f32): needs 16-byte aligned
 //    bases, row lengths and strides multiples of the pack (the predicate says which fails);
 //    cuda (priority 100) walks single elements and accepts any layout the check accepts.
-//  - exp per Note [element exp] (row_reduce.cuh), accurate logf. One launch on ctx.stream, no host
+//  - exp per Note [element exp] (cuda_launch.cuh), accurate logf. One launch on ctx.stream, no host
 //    synchronization, no allocation.
 //
 // Aliasing: y may alias x (forward) and dx may alias dy (backward) exactly: each element is read

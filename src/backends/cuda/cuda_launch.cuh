@@ -324,6 +324,41 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
   return __float2bfloat16_rn(v);
 }
 
+// Note [element exp]: exp of an element in the precision its type needs. f32 data gets the
+// accurate expf (a ~20-instruction polynomial; the f32 results must match the reference to a few
+// ulps). bf16 / f16 data gets exp2_ftz(x log2(e)): ex2.approx.ftz on the special-function unit,
+// relative error below ~2^-22 + 1e-7 |x|, far under the 2^-8 / 2^-11 spacing the result is
+// rounded to, which keeps these memory-bound kernels from becoming bound by the exp instead.
+// The ftz form matters: __expf (ex2.approx without .ftz) compiles to a range test and two
+// multiplies around the MUFU.EX2 that keep results below 2^-126 subnormal, four instructions
+// more an exp (the bf16 softmax cluster kernel with 64 values a thread: 1,912 -> 1,408 SASS
+// instructions with .ftz and the shift folded into one FFMA). What .ftz changes: an exp below
+// 2^-126 (x < -87.3) is 0 instead of a subnormal; every output is a sum of such terms with at
+// least one 1 in it (softmax, cross_entropy: the max's own term), or that tiny value itself,
+// 1e-38 from the reference, inside any tolerance.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+// log2 on the special-function unit, lg2.approx.ftz: a subnormal argument reads as 0 (-inf out),
+// so callers pass normal numbers only (Note [element log] in ops/loss/cuda_divergence.cu). __logf
+// is lg2.approx without .ftz, which adds a range test and a rescale around the MUFU.LG2.
+__device__ __forceinline__ float log2_ftz(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLn2 = 0.6931471805599453f;
+// 1 / x on the special-function unit, rcp.approx.ftz (relative error near 2^-23): one MUFU.RCP, as
+// __fdividef(1, x) compiles to, said outright. A subnormal result (|x| > 2^126) is 0.
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Sixteen bytes of elements: one LDG.128 / STG.128. The pointer must be 16-byte aligned (each
 // vectorized kernel's predicate checks it).
 template <class T> struct alignas(16) Pack {
