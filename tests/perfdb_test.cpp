@@ -430,10 +430,10 @@ TEST_F(PerfdbQuery, TooFarIsNotAvailable) {
   EXPECT_NE(msg.find("below the smallest stored tokens 16"), std::string::npos) << msg;
 }
 
-TEST_F(PerfdbQuery, NonAxisDimsMustMatch) {
-  std::string msg = unavailable([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 64}, {"hidden", 5000}}); });
-  EXPECT_NE(msg.find("hidden=5000"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("nearest stored: hidden=4096; hidden=8192"), std::string::npos) << msg;
+TEST_F(PerfdbQuery, NonAxisDimsFarFromEveryStoredShape) {
+  std::string msg = unavailable([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 64}, {"hidden", 50000}}); });
+  EXPECT_NE(msg.find("hidden=50000"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nearest stored: hidden=8192; hidden=4096"), std::string::npos) << msg;
   EXPECT_NE(msg.find("impl 'cpu'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("dtype 'bf16'"), std::string::npos) << msg;
 }
@@ -463,9 +463,59 @@ TEST_F(PerfdbQuery, AutoPicksTheFastestThatCanAnswer) {
   EXPECT_EQ(r.impl, "reference");
   EXPECT_EQ(r.us, 3.0);
   EXPECT_EQ(db.query("rms_norm", "reference", "bf16", {{"tokens", 100}, {"hidden", 4096}}).impl, "reference");
-  std::string msg = unavailable([&] { db.query("rms_norm", "auto", "bf16", {{"tokens", 100}, {"hidden", 3000}}); });
+  std::string msg = unavailable([&] { db.query("rms_norm", "auto", "bf16", {{"tokens", 100}, {"hidden", 40000}}); });
   EXPECT_NE(msg.find("cpu: no stored row"), std::string::npos) << msg;
   EXPECT_NE(msg.find("reference: no stored row"), std::string::npos) << msg;
+}
+
+TEST(PerfdbQueryShapes, AutoPrefersTheStoredShapeToAFasterScaledOne) {
+  // "cpu" holds hidden 4096 and 8192, "reference" (10x slower) only hidden 3000: at 3000 the
+  // cpu rows scaled by the roofline would be faster, but the impl holding the shape answers.
+  TempDir dir;
+  OpTable t = power_law_table("sysS");
+  for (int64_t tok : kTokens)
+    t.rows.push_back(row("reference", "bf16", {{"tokens", tok}, {"hidden", 3000}}, 5.0 * std::pow(double(tok), 0.8)));
+  write_table(t, dir / "sysS/rms_norm.csv");
+  Database db = Database::load("sysS", dir.str());
+  db.set_cost_model(bytes_model());
+  Answer a = db.query("rms_norm", "auto", "bf16", {{"tokens", 64}, {"hidden", 3000}});
+  EXPECT_EQ(a.impl, "reference");
+  EXPECT_EQ(a.method, Method::measured);
+  EXPECT_LT(db.query("rms_norm", "cpu", "bf16", {{"tokens", 64}, {"hidden", 3000}}).us, a.us);
+  // where no impl holds the shape, the fastest scaled answer
+  Answer b = db.query("rms_norm", "auto", "bf16", {{"tokens", 64}, {"hidden", 3500}});
+  EXPECT_EQ(b.impl, "cpu");
+  EXPECT_EQ(b.method, Method::extrapolated);
+}
+
+TEST_F(PerfdbQuery, ShapeOffTheGridHoldsRooflineFraction) {
+  // hidden=3000 is stored nowhere: the nearest stored shape (4096, within 4x) answers for the
+  // tokens axis, scaled by the roofline times (bytes and flops both go as hidden here).
+  Answer a = db.query("rms_norm", "cpu", "bf16", {{"tokens", 100}, {"hidden", 3000}});
+  EXPECT_EQ(a.method, Method::extrapolated);
+  EXPECT_NEAR(a.us, 0.5 * std::pow(100.0, 0.8) * 3000.0 / 4096.0, 1e-9);
+  EXPECT_NE(a.how.find("interpolated in tokens between"), std::string::npos) << a.how;
+  EXPECT_NE(a.how.find("shape scaled from hidden=4096 to hidden=3000 by the roofline time (0.732x"),
+            std::string::npos) << a.how;
+  ASSERT_TRUE(a.energy_uj);
+  EXPECT_NEAR(*a.energy_uj, 3 * std::sqrt(100.0) * 3000.0 / 4096.0, 1e-9);
+  // between two stored shapes: log time linear in log hidden (exact here, t ~ hidden)
+  Answer m = db.query("rms_norm", "cpu", "bf16", {{"tokens", 512}, {"hidden", 6000}});
+  EXPECT_EQ(m.method, Method::interpolated);
+  EXPECT_NEAR(m.us, 0.5 * std::pow(512.0, 0.8) * 6000.0 / 4096.0, 1e-9);
+  EXPECT_EQ(m.how, "measured at hidden=4096 and measured at hidden=8192; shape interpolated in hidden between 4096 "
+                   "and 8192 (linear in log-log)");
+  EXPECT_EQ(db.query("rms_norm", "cpu", "bf16", {{"tokens", 2048}, {"hidden", 6000}}).method, Method::extrapolated);
+  // auto: the fastest of the scaled answers (cpu; the reference is 10x slower)
+  Answer best = db.query("rms_norm", "auto", "bf16", {{"tokens", 100}, {"hidden", 3000}});
+  EXPECT_EQ(best.impl, "cpu");
+  EXPECT_EQ(best.us, a.us);
+  // more than 4x from every stored shape: not available, naming the nearest stored ones
+  std::string far = unavailable([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 100}, {"hidden", 33000}}); });
+  EXPECT_NE(far.find("no stored row with hidden=33000 (nearest stored: hidden=8192"), std::string::npos) << far;
+  unavailable([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 100}, {"hidden", 1000}}); });
+  // the axis rule still applies on the scaled shape: tokens more than 4x past the grid
+  unavailable([&] { db.query("rms_norm", "cpu", "bf16", {{"tokens", 1000000}, {"hidden", 3000}}); });
 }
 
 TEST_F(PerfdbQuery, CostModelFailureIsNotAvailable) {
@@ -541,10 +591,16 @@ TEST(PerfdbQuery2D, BilinearInLogsIsExactOnSeparablePowerLaws) {
                          "batch from 8 (2.0x beyond)"),
             std::string::npos) << mix.how;
   EXPECT_NEAR(mix.us / (2 * std::pow(8.0, 0.9) * std::pow(1500.0, 0.6) * 2.0), 1.0, 1e-12);
-  // non-axis dims exact
+  // non-axis dims: another shape within 4x is scaled by the roofline times (the same bytes in
+  // this cost model); 8x away is not available
   Dims other = decode_at(2, 1024);
   other["head_dim"] = 64;
-  EXPECT_NE(unavailable([&] { db.query("attention_decode", "cpu", "bf16", other); }).find("head_dim=64"), std::string::npos);
+  Answer scaled = db.query("attention_decode", "cpu", "bf16", other);
+  EXPECT_EQ(scaled.method, Method::extrapolated);
+  EXPECT_NEAR(scaled.us, db.query("attention_decode", "cpu", "bf16", decode_at(2, 1024)).us, 1e-12);
+  EXPECT_NE(scaled.how.find("shape scaled from head_dim=128 to head_dim=64"), std::string::npos) << scaled.how;
+  other["head_dim"] = 16;
+  EXPECT_NE(unavailable([&] { db.query("attention_decode", "cpu", "bf16", other); }).find("head_dim=16"), std::string::npos);
 }
 
 TEST(PerfdbQuery2D, BothAxesInsideAreExactOnAFixedCostPlusAProduct) {

@@ -25,7 +25,10 @@
 //
 // Query rule (Database::query):
 //   - impl "auto" answers with the fastest impl that can answer; any other impl must match exactly.
-//   - Every dim that is not an axis must match a stored row exactly.
+//   - Every dim that is not an axis is matched exactly where the impl has rows of that shape;
+//     otherwise the nearest stored shape within 4x on each such dim answers, scaled by the ratio
+//     of the shapes' roofline times (extrapolated; Note [shapes off the grid] in
+//     src/perfdb/database.cpp). "auto" prefers impls holding the query's shape.
 //   - measured:     the point is stored.
 //   - interpolated: inside the grid along the axes. Along one axis (a 1-axis table, or a 2-axis
 //                   table with the other axis on a stored value): by default time = a + b * axis^p
@@ -55,6 +58,7 @@
 //                   with bytes and flops from the op's cost model at the query point.
 //   - anything else throws PerfDataNotAvailable naming what is missing (system, op, impl, dtype,
 //     or the dims and the nearest stored ones); an answer never comes from another op's data.
+//     A non-axis dim more than 4x from every stored shape is not available.
 // Queries never write: files are read once by Database::load.
 #pragma once
 

@@ -11,6 +11,24 @@
 // A root (given or from $OPFORGE_PERF_DATA) may be the perf folder itself (holding <system>/
 // folders) or a folder holding data/perf/ (a checkout).
 //
+// Note [shapes off the grid]: a query whose non-axis dims (hidden, vocab, a GEMM's n and k, head
+// counts) match no stored row of the impl is answered from the same op's other shapes:
+//   1. Two stored shapes equal to the query but in one dim, the nearest below and above its
+//      value (hidden 2048 and 4096 for 3584): each answers for the query's axes, then log time
+//      linear in log dim between them (exact on a power law of the dim, and it keeps a launch-
+//      bound time flat); method interpolated (or extrapolated when either was), `how` giving both
+//      answers and "shape interpolated in hidden between 2048 and 4096 (linear in log-log)".
+//   2. Else the nearest stored shape, in the sum of |log| ratios, within 4x of the query on every
+//      one of those dims: its answer times the ratio of the two shapes' roofline times
+//      max(bytes / ceiling_gbps, flops / ceiling_gflops) from the op's cost model, i.e. the
+//      achieved roofline fraction held, as extrapolation along an axis does; method
+//      extrapolated, `how` ending e.g. "shape scaled from hidden=4096 to hidden=3584 by the
+//      roofline time (0.875x, fraction 0.93 held)".
+// This lets the estimator cost a model whose dims were not collected (Qwen2-7B's hidden 3584,
+// Mistral's vocab 32768) from the same op's data; further than 4x, or with no cost model, it
+// stays not available. With impl "auto", an impl that holds the query's shape answers before any
+// other.
+//
 // Note [two axes by lines]: a query inside the grid on both axes of a 2-axis table is answered
 // by the one-axis rule twice: along the second axis on every stored line of the first axis whose
 // second-axis values bracket the query (each line's own stored points), then along the first
@@ -176,8 +194,9 @@ struct Bracket {
 struct Attempt {
   bool ok = false;
   Answer answer;
-  double reach = 1;  // ok: the largest extrapolation ratio used (1: none)
-  std::string why;   // !ok: what is missing
+  double reach = 1;            // ok: the largest extrapolation ratio used (1: none)
+  bool shape_scaled = false;   // ok: answered from other non-axis dims (Note [shapes off the grid])
+  std::string why;             // !ok: what is missing
 };
 
 Attempt answer_on_grid(const OpTable& t, const std::string& op, const std::string& impl, const std::string& dtype,
@@ -233,6 +252,75 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
     for (const std::string& d : fixed) asked[d] = q.at(d);
     out.why = fmt::format("no stored row with {} (nearest stored: {}{})", detail::dims_text(asked, fixed),
                           join(shown, "; "), order.size() > shown.size() ? "; ..." : "");
+    // Note [shapes off the grid]: between two stored shapes that differ from the query in one dim
+    // only, log time linear in log dim; else the nearest stored shape within 4x on every non-axis
+    // dim, scaled by the ratio of the two shapes' roofline times.
+    for (size_t j = 0; j < fixed.size(); ++j) {
+      const int64_t x = q.at(fixed[j]);
+      int64_t lo = 0, hi = 0;
+      for (const auto& [dist, key] : order) {
+        bool others = true;
+        for (size_t i = 0; i < fixed.size(); ++i) others = others && (i == j || key[i] == q.at(fixed[i]));
+        if (!others) continue;
+        if (key[j] < x && key[j] > lo) lo = key[j];
+        if (key[j] > x && (hi == 0 || key[j] < hi)) hi = key[j];
+      }
+      if (lo == 0 || hi == 0) continue;
+      Dims at_lo = q, at_hi = q;
+      at_lo[fixed[j]] = lo;
+      at_hi[fixed[j]] = hi;
+      Attempt a = answer_impl(t, op, impl, dtype, at_lo, cost, interp, busiest);
+      Attempt b = answer_impl(t, op, impl, dtype, at_hi, cost, interp, busiest);
+      if (!a.ok || !b.ok) continue;
+      const double w = std::log(double(x) / double(lo)) / std::log(double(hi) / double(lo));
+      auto blend = [&](double u, double v) { return std::exp((1 - w) * std::log(u) + w * std::log(v)); };
+      Attempt out2 = a;
+      out2.answer.us = blend(a.answer.us, b.answer.us);
+      out2.answer.energy_uj.reset();
+      if (a.answer.energy_uj && b.answer.energy_uj && *a.answer.energy_uj > 0 && *b.answer.energy_uj > 0)
+        out2.answer.energy_uj = blend(*a.answer.energy_uj, *b.answer.energy_uj);
+      out2.answer.method = std::max({a.answer.method, b.answer.method, Method::interpolated});
+      out2.answer.how = fmt::format("{} at {}={} and {} at {}={}; shape interpolated in {} between {} and {} "
+                                    "(linear in log-log)",
+                                    a.answer.how, fixed[j], lo, b.answer.how, fixed[j], hi, fixed[j], lo, hi);
+      out2.reach = std::max(a.reach, b.reach);
+      out2.shape_scaled = true;
+      return out2;
+    }
+    for (const auto& [dist, key] : order) {
+      Dims at = q;
+      double furthest = 1;
+      for (size_t j = 0; j < fixed.size(); ++j) {
+        at[fixed[j]] = key[j];
+        const double x = double(q.at(fixed[j])), y = double(key[j]);
+        furthest = std::max(furthest, std::max(x / y, y / x));
+      }
+      if (furthest > 4.0) continue;
+      Attempt a = answer_impl(t, op, impl, dtype, at, cost, interp, busiest);
+      if (!a.ok) continue;
+      Cost at_stored, at_query;
+      try {
+        at_stored = cost(op, dtype, at);
+        at_query = cost(op, dtype, q);
+      } catch (const std::exception&) {
+        continue;
+      }
+      const double roof_stored = roofline_us(at_stored, t.header), roof_query = roofline_us(at_query, t.header);
+      if (!(roof_stored > 0 && roof_query > 0 && std::isfinite(roof_stored) && std::isfinite(roof_query))) continue;
+      const double scale = roof_query / roof_stored;
+      Dims from, to;
+      for (const std::string& d : fixed)
+        if (at.at(d) != q.at(d)) from[d] = at.at(d), to[d] = q.at(d);
+      a.answer.how += fmt::format("; shape scaled from {} to {} by the roofline time ({:.3f}x, fraction {:.2f} held)",
+                                  detail::dims_text(from, fixed), detail::dims_text(to, fixed), scale,
+                                  roof_stored / a.answer.us);
+      a.answer.us *= scale;
+      if (a.answer.energy_uj) *a.answer.energy_uj *= scale;
+      a.answer.method = Method::extrapolated;
+      a.reach = std::max(a.reach, furthest);
+      a.shape_scaled = true;
+      return a;
+    }
     return out;
   }
 
@@ -584,7 +672,9 @@ Answer Database::query(const std::string& op, const std::string& impl, const std
     candidates.push_back(impl);
   }
   const CostFn& cost = cost_ ? cost_ : CostFn(cost_at);
-  std::optional<Answer> best;
+  // The fastest answer, from the impls that have the query's non-axis dims if any has them (a
+  // shape-scaled answer never displaces one at the stored shape: Note [shapes off the grid]).
+  std::optional<Attempt> best;
   std::vector<std::string> why;
   for (const std::string& c : candidates) {
     std::set<std::string> busiest;
@@ -593,11 +683,12 @@ Answer Database::query(const std::string& op, const std::string& impl, const std
     Attempt a = answer_impl(t, op, c, dt, dims, cost, interp_, busiest);
     if (!a.ok) {
       why.push_back(candidates.size() > 1 ? c + ": " + a.why : a.why);
-    } else if (!best || a.answer.us < best->us) {
-      best = a.answer;
+    } else if (!best || (best->shape_scaled && !a.shape_scaled) ||
+               (best->shape_scaled == a.shape_scaled && a.answer.us < best->answer.us)) {
+      best = a;
     }
   }
-  if (best) return *best;
+  if (best) return best->answer;
   throw PerfDataNotAvailable(fmt::format("no performance data for {} (system '{}', impl '{}', dtype '{}') at {}: {}", op,
                                          system_, impl, dtype, detail::dims_text(dims, t.dim_names), join(why, "; ")));
 }
