@@ -101,7 +101,7 @@ struct SyntheticDb {
   // Note [moe row spread]: a call with a spread costs sum(experts x time at rows).
   double call_us(const OpCall& c) const {
     if (c.modelled_bytes > 0) return double(c.count) * c.modelled_bytes / (ceiling_gbps * 1e3);
-    if (c.spread.empty()) return double(c.count) * points.at(c.op).at(c.dims);
+    if (c.spread.empty()) return double(c.count) * c.layer_share * c.work_scale * points.at(c.op).at(c.dims);
     double s = 0;
     for (const RowsShare& x : c.spread) s += x.experts * points.at(c.op).at(at_rows(c.dims, x.rows));
     return s;
@@ -204,6 +204,72 @@ TEST(ModelConfig, GemmaTextConfigIsNested) {
   EXPECT_EQ(find(layer, "q_norm").op, "gemma_rms_norm");
   EXPECT_EQ(find(layer, "act").op, "gelu_and_mul");
   EXPECT_EQ(find(layer, "post_ffn_norm").op, "gemma_rms_norm");
+}
+
+// Note [sliding-window layers]: which layers attend to a window, per family and by layer_types.
+TEST(ModelConfig, SlidingWindowLayers) {
+  const std::string dims = R"("hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 100)";
+  auto parse = [&](const std::string& arch, const std::string& extra) {
+    return parse_model_config(R"({"architectures": [")" + arch + R"("], )" + dims + ", " + extra + "}", arch + ".json");
+  };
+  ModelSpec g2 = parse("Gemma2ForCausalLM", R"("num_hidden_layers": 42)");
+  EXPECT_EQ(g2.sliding_window, 4096);
+  EXPECT_EQ(g2.window_layers, 21);
+  ModelSpec g3 = parse("Gemma3ForCausalLM", R"("num_hidden_layers": 48, "sliding_window": 1024)");
+  EXPECT_EQ(g3.sliding_window, 1024);
+  EXPECT_EQ(g3.window_layers, 40);
+  ModelSpec typed = parse("Gemma3ForCausalLM", R"("num_hidden_layers": 3, "sliding_window": 512,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"])");
+  EXPECT_EQ(typed.window_layers, 2);
+  EXPECT_EQ(parse("MistralForCausalLM", R"("num_hidden_layers": 32, "sliding_window": 4096)").window_layers, 32);
+  EXPECT_EQ(parse("MistralForCausalLM", R"("num_hidden_layers": 32, "sliding_window": null)").window_layers, 0);
+  EXPECT_EQ(parse("Qwen2ForCausalLM", R"("num_hidden_layers": 28, "sliding_window": 4096, "max_window_layers": 20,
+    "use_sliding_window": true)").window_layers, 8);
+  EXPECT_EQ(parse("Qwen2ForCausalLM", R"("num_hidden_layers": 28, "sliding_window": 4096, "max_window_layers": 20,
+    "use_sliding_window": false)").window_layers, 0);
+  EXPECT_EQ(parse("LlamaForCausalLM", R"("num_hidden_layers": 4, "sliding_window": 4096)").window_layers, 0);
+  EXPECT_THAT(error_of([&] { parse("Gemma3ForCausalLM", R"("num_hidden_layers": 2, "sliding_window": 512,
+    "layer_types": ["sliding_attention", "linear_attention"])"); }), HasSubstr("layer_types"));
+  EXPECT_THAT(error_of([&] { parse("Gemma3ForCausalLM", R"("num_hidden_layers": 3, "layer_types": ["full_attention"])"); }),
+              HasSubstr("3 layer types"));
+}
+
+TEST(DecoderLayer, SlidingWindowAttentionIsTheMeanLayer) {
+  ModelSpec m = parse_model_config(R"({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+    "num_hidden_layers": 6, "vocab_size": 100, "sliding_window": 8})", "g.json");
+  ASSERT_EQ(m.window_layers, 5);
+  std::vector<OpCall> pre = decoder_layer(m, Workload::prefill(2, 32));
+  const OpCall& full = find(pre, "attention");
+  const OpCall& local = find(pre, "attention_local");
+  EXPECT_DOUBLE_EQ(full.layer_share, 1.0 / 6);
+  EXPECT_DOUBLE_EQ(local.layer_share, 5.0 / 6);
+  EXPECT_EQ(full.work_scale, 1.0);
+  // per sequence 8 * 9 / 2 + 24 * 8 query-key products against the causal 32 * 33 / 2
+  EXPECT_DOUBLE_EQ(local.work_scale, (36.0 + 192.0) / 528.0);
+  EXPECT_EQ(local.dims.at("tokens"), 32);
+  std::vector<OpCall> dec = decoder_layer(m, Workload::decode(4, 100));
+  EXPECT_EQ(find(dec, "attention").dims.at("context"), 100);
+  EXPECT_EQ(find(dec, "attention_local").dims.at("context"), 8);
+  EXPECT_EQ(find(dec, "attention_local").work_scale, 1.0);
+  // run-layer's layer: every layer's attention over the whole context
+  std::vector<OpCall> whole = decoder_layer(m, Workload::decode(4, 100), /*windows=*/false);
+  EXPECT_EQ(std::count_if(whole.begin(), whole.end(), [](const OpCall& c) { return c.name == "attention_local"; }), 0);
+  EXPECT_EQ(find(whole, "attention").layer_share, 1.0);
+  // the estimate sums each call times its share of the layers and its work scale
+  for (const Workload& w : {Workload::prefill(2, 32), Workload::decode(4, 100)}) {
+    SyntheticDb db;
+    db.add(decoder_layer(m, w));
+    db.write();
+    const std::vector<OpCall> calls = decoder_layer(m, w);
+    const std::vector<EstimateRow> rows = estimate_calls(db.load(), calls, "auto", "bf16", {});
+    double total = 0;
+    for (const EstimateRow& r : rows) total += r.total_us;
+    EXPECT_NEAR(total, db.expected(calls), 1e-9 * total);
+    const EstimateRow& r = *std::find_if(rows.begin(), rows.end(), [](const EstimateRow& x) { return x.call.name == "attention_local"; });
+    if (w.phase == Phase::prefill) EXPECT_THAT(r.answer.how, HasSubstr("sliding window"));
+  }
 }
 
 TEST(ModelConfig, UnknownArchitectureListsTheSupportedOnes) {

@@ -62,7 +62,7 @@ void run(const RunLayerFlags& f) {
     throw Error(ErrorCode::invalid_argument, "run-layer: --calibrate scales a prediction; give --system too");
   if (!f.system.empty()) {  // before the run: a missing op fails fast
     db = perfdb::Database::load(f.system, f.root);
-    predicted = model::estimate_calls(*db, model::decoder_layer(m, o.workload), f.impl, o.workload.dtype);
+    predicted = model::estimate_calls(*db, model::decoder_layer(m, o.workload, /*windows=*/false), f.impl, o.workload.dtype);
   }
   const Device dev = parse_device(o.device);
   auto ceilings = [&] {
@@ -75,7 +75,7 @@ void run(const RunLayerFlags& f) {
   if (f.calibrate) {  // Note [ceilings now]: the mean of the ceilings just before and just after the run
     const perfdb::Ceilings after = ceilings();
     r.ceilings_now = {0.5 * (before.copy_gbps + after.copy_gbps), 0.5 * (before.gemm_gflops + after.gemm_gflops)};
-    predicted = model::estimate_calls(*db, model::decoder_layer(m, o.workload), f.impl, o.workload.dtype,
+    predicted = model::estimate_calls(*db, model::decoder_layer(m, o.workload, /*windows=*/false), f.impl, o.workload.dtype,
                                       r.ceilings_now);
   }
   const auto* p = f.system.empty() ? nullptr : &predicted;

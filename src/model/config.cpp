@@ -9,6 +9,8 @@
 //              top-k weights are always renormalized)
 //   Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
 //   Gemma 3:   the text dims may sit under "text_config" (Gemma3ForConditionalGeneration files).
+//   sliding windows: layer_types, sliding_window, sliding_window_pattern (Gemma 3),
+//              use_sliding_window and max_window_layers (Qwen), read_windows below.
 #include <cctype>
 #include <algorithm>
 #include <cstdlib>
@@ -93,6 +95,59 @@ struct Reader {
   }
 };
 
+// Which layers attend to a sliding window only (Note [sliding-window layers] in layer.cpp): a
+// "layer_types" list when the file has one; else Gemma 2 every other layer (the even ones), Gemma
+// 3 all but every sliding_window_pattern-th (default 6), Mistral / Mixtral every layer when
+// sliding_window is set, Qwen2 / Qwen3 the layers from max_window_layers on when
+// use_sliding_window is true. Gemma's window defaults to 4096 as in transformers.
+void read_windows(const Reader& r, ModelSpec& m) {
+  const json& d = r.doc;
+  if (d.contains("layer_types") && !d["layer_types"].is_null()) {
+    const json& types = d["layer_types"];
+    if (!types.is_array() || int64_t(types.size()) != m.layers)
+      r.fail("layer_types", "expected a list of " + std::to_string(m.layers) + " layer types, got " + types.dump());
+    int64_t local = 0;
+    for (const json& t : types) {
+      const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
+      if (name == "sliding_attention") ++local;
+      else if (name != "full_attention")
+        r.fail("layer_types", "expected \"sliding_attention\" or \"full_attention\", got " + t.dump());
+    }
+    if (local > 0) m.sliding_window = r.integer("sliding_window"), m.window_layers = local;
+    return;
+  }
+  switch (m.family) {
+    case Family::gemma2:
+      m.sliding_window = r.integer_or("sliding_window", 4096);
+      m.window_layers = (m.layers + 1) / 2;
+      break;
+    case Family::gemma3:
+      m.sliding_window = r.integer_or("sliding_window", 4096);
+      m.window_layers = m.layers - m.layers / r.integer_or("sliding_window_pattern", 6);
+      break;
+    case Family::mistral:
+    case Family::mixtral:
+      if (r.has("sliding_window")) m.sliding_window = r.integer("sliding_window"), m.window_layers = m.layers;
+      break;
+    case Family::qwen2:
+    case Family::qwen3:
+    case Family::qwen3_moe:
+      if (r.boolean_or("use_sliding_window", false) && r.has("sliding_window")) {
+        m.sliding_window = r.integer("sliding_window");
+        int64_t from = m.layers;
+        if (r.has("max_window_layers")) {
+          if (!d["max_window_layers"].is_number_integer() || d["max_window_layers"].get<int64_t>() < 0)
+            r.fail("max_window_layers", "expected an integer >= 0, got " + d["max_window_layers"].dump());
+          from = d["max_window_layers"].get<int64_t>();
+        }
+        m.window_layers = std::max<int64_t>(0, m.layers - from);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
 Family family_of(const json& doc, const std::string& source, std::string& arch) {
   if (!doc.contains("architectures") || !doc["architectures"].is_array() || doc["architectures"].empty() ||
       !doc["architectures"][0].is_string())
@@ -169,6 +224,7 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
     default:
       m.intermediate = r.integer("intermediate_size");
   }
+  read_windows(r, m);
   if (m.is_moe() && m.experts_per_token > m.experts)
     r.fail("num_experts_per_tok", "expected at most the " + std::to_string(m.experts) + " experts, got " +
                                       std::to_string(m.experts_per_token));

@@ -179,8 +179,14 @@ Answer answer_call(const perfdb::Database& db, const OpCall& c, const std::strin
                         r.bus_gbps, r.step_latency_us, 2 * (tp - 1), r.source, tp);
     return a;
   }
-  if (!c.spread.empty()) return answer_spread(db, c, impl, dtype);
-  return db.query(c.op, impl, dtype, c.dims);
+  Answer a = !c.spread.empty() ? answer_spread(db, c, impl, dtype) : db.query(c.op, impl, dtype, c.dims);
+  if (c.work_scale != 1.0) {  // Note [sliding-window layers] (layer.cpp)
+    a.us *= c.work_scale;
+    if (a.energy_uj) *a.energy_uj *= c.work_scale;
+    a.how += fmt::format("; x{:.3f} for the sliding window's share of the causal work", c.work_scale);
+    a.method = std::max(a.method, Method::extrapolated);
+  }
+  return a;
 }
 
 double ceiling_scale(const perfdb::Database& db, const OpCall& c, const std::string& dtype,
@@ -224,7 +230,7 @@ std::vector<EstimateRow> estimate_calls(const perfdb::Database& db, const std::v
       throw PerfDataNotAvailable(c.name + " (" + c.op + " " + dims_str(c.dims, c.op) + "): " + e.what());
     }
     r.scale = ceiling_scale(db, c, dtype, now, r.answer.us, &r.scale_how);
-    r.stored_total_us = r.answer.us * double(c.count);
+    r.stored_total_us = r.answer.us * double(c.count) * c.layer_share;
     r.total_us = r.stored_total_us * r.scale;
     rows.push_back(std::move(r));
   }
@@ -301,9 +307,12 @@ std::string format_rows(const std::vector<EstimateRow>& rows) {
                                                                 : method + ": " + r.answer.how) +
                             (r.call.note.empty() ? "" : " [" + r.call.note + "]") +
                             (r.scale_how.empty() ? "" : " (" + r.scale_how + ")");
+    // calls per layer: a count, or its mean over the layers where only some make the call
+    const std::string calls = r.call.layer_share == 1.0 ? std::to_string(r.call.count)
+                                                         : fmt::format("{:.2f}", double(r.call.count) * r.call.layer_share);
     s += fmt::format("  {:<16} {:<10} {:<26} {:<56} {:>5} {:>11.2f} {:>11.2f} {:>5.1f}%  {}\n", r.call.name,
                      r.answer.impl, r.call.op.empty() ? "(modelled)" : r.call.op, dims_str(r.call.dims, r.call.op),
-                     r.call.count, r.answer.us * r.scale, r.total_us, 100.0 * r.share, how);
+                     calls, r.answer.us * r.scale, r.total_us, 100.0 * r.share, how);
   }
   return s;
 }
@@ -322,7 +331,11 @@ std::string format_phase(const ModelSpec& m, const PhaseEstimate& p, bool is_sca
     return is_scaled ? fmt::format(" (stored rows: {:.3f})", us / scale) : std::string();
   };
   std::string s = workload_str(p.workload) + "\n";
-  s += " one decoder layer:\n" + format_rows(p.layer);
+  s += m.window_layers > 0 && m.sliding_window > 0
+           ? fmt::format(" one decoder layer (the mean of {} layers, {} with a {}-position sliding window):\n", m.layers,
+                         std::min(m.window_layers, m.layers), m.sliding_window)
+           : std::string(" one decoder layer:\n");
+  s += format_rows(p.layer);
   s += fmt::format("  layer total: {:.2f} us x {} layers = {:.3f} ms{}\n", p.layer_us, m.layers,
                    p.layer_us * double(m.layers) / 1e3, stored(p.layer_stored_us * double(m.layers), 1e3));
   s += " once per forward:\n" + format_rows(p.head);
@@ -343,7 +356,8 @@ nlohmann::json rows_json(const std::vector<EstimateRow>& rows) {
                      {"share", r.share},      {"method", perfdb::method_name(r.answer.method)},
                      {"how", r.answer.how},   {"note", r.call.note},
                      {"scale", r.scale},      {"scale_how", r.scale_how},
-                     {"us_stored", r.stored_total_us}};
+                     {"us_stored", r.stored_total_us}, {"layer_share", r.call.layer_share},
+                     {"work_scale", r.call.work_scale}};
     if (r.answer.energy_uj) j["energy_uj_per_call"] = *r.answer.energy_uj;
     if (!r.call.spread.empty()) {  // Note [moe row spread]: [rows, expected experts] pairs
       nlohmann::json spread = nlohmann::json::array();
@@ -377,10 +391,13 @@ nlohmann::json phase_json(const ModelSpec& m, const PhaseEstimate& p) {
 
 std::string format_estimate(const Estimate& e) {
   const ModelSpec& m = e.model;
-  std::string s = fmt::format("{} ({}, {}): {} layers, hidden {}, {} q / {} kv heads x {}, vocab {}{}\n", m.name,
+  std::string s = fmt::format("{} ({}, {}): {} layers, hidden {}, {} q / {} kv heads x {}, vocab {}{}{}\n", m.name,
                               m.architecture, family_name(m.family), m.layers, m.hidden, m.heads, m.kv_heads,
                               m.head_dim, m.vocab,
-                              m.is_moe() ? fmt::format(", {} experts (top {})", m.experts, m.experts_per_token) : "");
+                              m.is_moe() ? fmt::format(", {} experts (top {})", m.experts, m.experts_per_token) : "",
+                              m.window_layers > 0 ? fmt::format(", {}-position sliding window on {} layers",
+                                                                m.sliding_window, m.window_layers)
+                                                  : "");
   s += fmt::format("system {}, impl {}, input {} tokens, output {} tokens\n", e.system, e.options.impl,
                    e.options.input_len, e.options.output_len);
   const bool is_scaled = e.options.now.known();
@@ -419,6 +436,7 @@ std::string estimate_json(const Estimate& e) {
                    {"tokens_per_s", e.tokens_per_s},
                    {"ttft_stored_us", e.ttft_stored_us},
                    {"tpot_stored_us", e.tpot_stored_us}};
+  if (m.window_layers > 0) j["sliding_window"] = {{"window", m.sliding_window}, {"layers", m.window_layers}};
   if (e.options.now.known())
     j["ceilings_now"] = {{"copy_gbps", e.options.now.copy_gbps}, {"gemm_gflops", e.options.now.gemm_gflops}};
   return j.dump(2);

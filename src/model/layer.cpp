@@ -8,6 +8,7 @@
 // that adds the attention output to the residual, the MLP (or MoE block), [all_reduce].
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "model/model.h"
 #include "opforge/dtype.h"
@@ -217,7 +218,49 @@ std::vector<RowsShare> expert_row_spread(int64_t experts, int64_t k, int64_t tok
   return out;
 }
 
-std::vector<OpCall> decoder_layer(const ModelSpec& m, const Workload& w) {
+// Note [sliding-window layers]: Mistral (sliding_window), Gemma 2 (every other layer), Gemma 3
+// (five of every six) and Qwen2 / Qwen3 with use_sliding_window give some layers attention over
+// the last W positions only (ModelSpec::window_layers of them). The table is the mean layer: the
+// full attention call with layer_share = full layers / layers, the windowed one
+// ("attention_local") with window layers / layers. Decode reads min(context, W) cached positions,
+// so it is attention_decode at that context. A prefill of T > W tokens does, per sequence,
+// W (W + 1) / 2 + (T - W) W query-key products instead of the causal T (T + 1) / 2: the full
+// prefill's time at T times that ratio (work_scale), an estimate marked in its `how`; the
+// database holds no windowed prefill.
+void attention_calls(std::vector<OpCall>& calls, const ModelSpec& m, const Workload& w, const TpShapes& s,
+                     bool windows) {
+  const int64_t L = m.layers, local = windows && m.sliding_window > 0 ? std::min(m.window_layers, L) : 0;
+  const int64_t W = m.sliding_window, q = s.q_heads, kv = s.kv_heads, D = m.head_dim;
+  auto add = [&](const char* name, int64_t window, int64_t layers) {
+    OpCall c;
+    std::string note;
+    if (w.phase == Phase::prefill) {
+      c = call(name, "attention_prefill", {{"batch", w.batch}, {"tokens", w.tokens}, {"q_heads", q}, {"kv_heads", kv}, {"head_dim", D}});
+      if (window > 0 && w.tokens > window) {
+        const double T = double(w.tokens), Wd = double(window);
+        c.work_scale = (Wd * (Wd + 1) / 2 + (T - Wd) * Wd) / (T * (T + 1) / 2);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "window %lld: x%.3f of the causal work", static_cast<long long>(window),
+                      c.work_scale);
+        note = buf;
+      } else if (window > 0) {
+        note = "window " + str(window) + " >= the tokens";
+      }
+    } else {
+      const int64_t context = window > 0 ? std::min(w.context, window) : w.context;
+      c = call(name, "attention_decode", {{"batch", w.batch}, {"context", context}, {"q_heads", q}, {"kv_heads", kv}, {"head_dim", D}});
+      if (window > 0) note = "window " + str(window) + ": the last " + str(context) + " positions";
+    }
+    c.layer_share = double(layers) / double(L);
+    if (layers < L) note = (note.empty() ? "" : note + "; ") + str(layers) + " of " + str(L) + " layers";
+    c.note = note;
+    calls.push_back(std::move(c));
+  };
+  if (local < L) add("attention", 0, L - local);
+  if (local > 0) add("attention_local", W, local);
+}
+
+std::vector<OpCall> decoder_layer(const ModelSpec& m, const Workload& w, bool windows) {
   validate_workload(m, w);
   const TpShapes s = tp_shapes(m, w.tp);
   const int64_t T = w.total_tokens(), H = m.hidden, D = m.head_dim, q = s.q_heads, kv = s.kv_heads;
@@ -231,12 +274,7 @@ std::vector<OpCall> decoder_layer(const ModelSpec& m, const Workload& w) {
     calls.push_back(call("k_norm", norm_op(m, false), {{"tokens", T * kv}, {"hidden", D}}, 1, "per head"));
   }
   calls.push_back(call("rotary", "rotary_embedding", {{"tokens", T}, {"q_heads", q}, {"kv_heads", kv}, {"head_size", D}}));
-  if (w.phase == Phase::prefill)
-    calls.push_back(call("attention", "attention_prefill",
-                         {{"batch", w.batch}, {"tokens", w.tokens}, {"q_heads", q}, {"kv_heads", kv}, {"head_dim", D}}));
-  else
-    calls.push_back(call("attention", "attention_decode",
-                         {{"batch", w.batch}, {"context", w.context}, {"q_heads", q}, {"kv_heads", kv}, {"head_dim", D}}));
+  attention_calls(calls, m, w, s, windows);
   calls.push_back(call("o_proj", "linear", {{"tokens", T}, {"n", H}, {"k", q * D}}));
   all_reduce(calls, "attn_all_reduce", w, H);
   if (m.is_gemma()) {

@@ -50,6 +50,10 @@ struct ModelSpec {
   int64_t experts_per_token = 0;    // num_experts_per_tok
   int64_t moe_intermediate = 0;     // moe_intermediate_size (Mixtral: intermediate_size)
   bool norm_topk_prob = true;       // renormalize the top-k weights
+  // Sliding-window attention (Note [sliding-window layers], layer.cpp): how many of the layers
+  // attend to the last `sliding_window` positions only (0: none).
+  int64_t sliding_window = 0;
+  int64_t window_layers = 0;
 
   bool is_moe() const { return experts > 0; }
   bool has_qk_norm() const { return family == Family::qwen3 || family == Family::qwen3_moe || family == Family::gemma3; }
@@ -103,6 +107,10 @@ struct OpCall {
   // MoE expert GEMMs: the spread of their rows (Note [moe row spread]); the call then costs
   // sum(experts * time at rows), and dims["tokens"] is the mean rows of an active expert.
   std::vector<RowsShare> spread;
+  // Note [sliding-window layers]: the share of the layers that make this call (1: every layer),
+  // and a factor on the queried time (a windowed prefill's share of the causal attention work).
+  double layer_share = 1;
+  double work_scale = 1;
 };
 
 // Per-GPU shapes under tensor parallelism (vLLM's rule): query heads are split tp ways and must
@@ -115,7 +123,8 @@ TpShapes tp_shapes(const ModelSpec& m, int64_t tp);  // Error when tp does not f
 void validate_workload(const ModelSpec& m, const Workload& w);  // lengths, batch, tp, dtype
 
 // One decoder layer (the steady-state layer of vLLM's forward) as op calls, in order.
-std::vector<OpCall> decoder_layer(const ModelSpec& m, const Workload& w);
+// windows = false: every layer's attention over the whole context (run-layer's layer).
+std::vector<OpCall> decoder_layer(const ModelSpec& m, const Workload& w, bool windows = true);
 // What runs once per forward: embedding of every token, the final norm and the lm_head GEMM for
 // the last token of each sequence (prefill) or every token (decode).
 std::vector<OpCall> model_head(const ModelSpec& m, const Workload& w);
