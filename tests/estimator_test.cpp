@@ -272,6 +272,17 @@ TEST(DecoderLayer, SlidingWindowAttentionIsTheMeanLayer) {
   }
 }
 
+TEST(ModelConfig, Qwen3MoeWithDenseLayersIsRefused) {
+  const std::string base = R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 100)";
+  EXPECT_EQ(parse_model_config(base + R"(, "decoder_sparse_step": 1, "mlp_only_layers": []})", "q.json").experts, 4);
+  EXPECT_THAT(error_of([&] { parse_model_config(base + R"(, "mlp_only_layers": [0]})", "q.json"); }),
+              HasSubstr("mlp_only_layers"));
+  EXPECT_THAT(error_of([&] { parse_model_config(base + R"(, "decoder_sparse_step": 2})", "q.json"); }),
+              HasSubstr("decoder_sparse_step"));
+}
+
 TEST(ModelConfig, UnknownArchitectureListsTheSupportedOnes) {
   std::string msg = error_of([] { parse_model_config(R"({"architectures": ["FalconForCausalLM"]})", "falcon.json"); });
   EXPECT_THAT(msg, HasSubstr("FalconForCausalLM"));

@@ -220,6 +220,15 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
       m.experts_per_token = r.integer("num_experts_per_tok");
       m.moe_intermediate = r.integer("moe_intermediate_size");
       m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+      // Every layer is costed as an MoE layer: a file with dense MLP layers between them (as
+      // transformers reads mlp_only_layers and decoder_sparse_step) is refused, not misread.
+      if (r.integer_or("decoder_sparse_step", 1) != 1)
+        r.fail("decoder_sparse_step", "only 1 (every layer an MoE layer) is modelled, got " +
+                                          std::to_string(r.integer("decoder_sparse_step")));
+      if (text.contains("mlp_only_layers") && !text["mlp_only_layers"].is_null() &&
+          !(text["mlp_only_layers"].is_array() && text["mlp_only_layers"].empty()))
+        r.fail("mlp_only_layers", "dense layers between the MoE layers are not modelled; expected [], got " +
+                                      text["mlp_only_layers"].dump());
       break;
     default:
       m.intermediate = r.integer("intermediate_size");
