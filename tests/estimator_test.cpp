@@ -189,7 +189,23 @@ TEST(ModelConfig, ShippedModelsHaveTheirPublicDims) {
   EXPECT_EQ(mx.experts_per_token, 2);
   EXPECT_EQ(mx.moe_intermediate, 14336);
   EXPECT_EQ(mx.vocab, 32000);
-  EXPECT_EQ(shipped_models().size(), 5u);
+  // written from the public configs of models whose dims the collector's grid does not hold
+  ModelSpec q2 = load_model("qwen2-7b");
+  EXPECT_EQ(q2.family, Family::qwen2);
+  EXPECT_EQ(q2.hidden, 3584);
+  EXPECT_EQ(q2.head_dim, 128);
+  EXPECT_EQ(q2.kv_heads, 4);
+  EXPECT_EQ(q2.sliding_window, 0);  // use_sliding_window false
+  ModelSpec g2 = load_model("gemma-2-9b");
+  EXPECT_EQ(g2.family, Family::gemma2);
+  EXPECT_EQ(g2.head_dim, 256);
+  EXPECT_EQ(g2.layers, 42);
+  EXPECT_EQ(g2.sliding_window, 4096);
+  ModelSpec m3 = load_model("mistral-7b-v0.3");
+  EXPECT_EQ(m3.family, Family::mistral);
+  EXPECT_EQ(m3.vocab, 32768);
+  EXPECT_EQ(m3.sliding_window, 0);  // null
+  EXPECT_EQ(shipped_models().size(), 8u);
 }
 
 TEST(ModelConfig, GemmaTextConfigIsNested) {

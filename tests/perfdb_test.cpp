@@ -681,6 +681,48 @@ TEST(PerfdbQuery2D, NonRectangularGridsAnswerAlongAStoredValue) {
   EXPECT_EQ(b.how, "interpolated in context between 512 and 1024 (linear in log-log)");
 }
 
+// Note [shapes off the grid]: of the stored shapes within 4x, the one nearest in roofline time
+// scales, not the one first in dims. 16 / 8 heads x 256 is as near in dims to 16 / 4 x 128 as
+// to 32 / 8 x 128, but the first is 4x the KV bytes away and the second 2x.
+TEST(PerfdbQueryShapes, ScaledFromTheShapeNearestInRooflineTime) {
+  TempDir dir;
+  OpTable t = decode_table("sysH");
+  std::vector<Row> narrow;
+  for (const Row& r : t.rows) {
+    Row n = r;
+    n.dims["q_heads"] = 16;
+    n.dims["kv_heads"] = 4;
+    n.median_us = 0.7 * r.median_us;
+    narrow.push_back(n);
+  }
+  t.rows.insert(t.rows.end(), narrow.begin(), narrow.end());
+  write_table(t, dir / "sysH/attention_decode.csv");
+  Database db = Database::load("sysH", dir.str());
+  auto kv_bytes = [](const std::string&, const std::string&, const Dims& d) {
+    Cost c;  // the KV cache read once
+    c.bytes = 4.0 * double(d.at("batch") * d.at("context") * d.at("kv_heads") * d.at("head_dim"));
+    return c;
+  };
+  db.set_cost_model(kv_bytes);
+  Dims q = decode_at(4, 1024);
+  q["q_heads"] = 16;
+  q["head_dim"] = 256;
+  Answer a = db.query("attention_decode", "cpu", "bf16", q);
+  EXPECT_EQ(a.method, Method::extrapolated);
+  EXPECT_NE(a.how.find("shape scaled from q_heads=32, head_dim=128 to q_heads=16, head_dim=256 by the roofline "
+                       "time (2.000x"),
+            std::string::npos)
+      << a.how;
+  EXPECT_NEAR(a.us, 2 * std::pow(4.0, 0.9) * std::pow(1024.0, 0.6) * 2.0, 1e-9);
+  // with the wide shape gone, the narrow one scales (4x the bytes)
+  std::erase_if(t.rows, [](const Row& r) { return r.dims.at("q_heads") == 32; });
+  write_table(t, dir / "sysH/attention_decode.csv");
+  Database only_narrow = Database::load("sysH", dir.str());
+  only_narrow.set_cost_model(kv_bytes);
+  Answer b = only_narrow.query("attention_decode", "cpu", "bf16", q);
+  EXPECT_NEAR(b.us, 0.7 * 2 * std::pow(4.0, 0.9) * std::pow(1024.0, 0.6) * 4.0, 1e-9);
+}
+
 // ---- leave-one-out -----------------------------------------------------------------------------
 
 TEST(PerfdbValidate, LeaveOneOutIsZeroOnPowerLaws) {

@@ -26,8 +26,9 @@
 // Query rule (Database::query):
 //   - impl "auto" answers with the fastest impl that can answer; any other impl must match exactly.
 //   - Every dim that is not an axis is matched exactly where the impl has rows of that shape;
-//     otherwise the nearest stored shape within 4x on each such dim answers, scaled by the ratio
-//     of the shapes' roofline times (extrapolated; Note [shapes off the grid] in
+//     otherwise two stored shapes bracketing it in one dim (interpolated, log-log), else the
+//     stored shape within 4x on each such dim that is nearest in roofline time answers, scaled by
+//     the ratio of the shapes' roofline times (extrapolated; Note [shapes off the grid] in
 //     src/perfdb/database.cpp). "auto" prefers impls holding the query's shape.
 //   - measured:     the point is stored.
 //   - interpolated: inside the grid along the axes. Along one axis (a 1-axis table, or a 2-axis

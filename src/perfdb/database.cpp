@@ -18,12 +18,16 @@
 //      linear in log dim between them (exact on a power law of the dim, and it keeps a launch-
 //      bound time flat); method interpolated (or extrapolated when either was), `how` giving both
 //      answers and "shape interpolated in hidden between 2048 and 4096 (linear in log-log)".
-//   2. Else the nearest stored shape, in the sum of |log| ratios, within 4x of the query on every
-//      one of those dims: its answer times the ratio of the two shapes' roofline times
-//      max(bytes / ceiling_gbps, flops / ceiling_gflops) from the op's cost model, i.e. the
-//      achieved roofline fraction held, as extrapolation along an axis does; method
-//      extrapolated, `how` ending e.g. "shape scaled from hidden=4096 to hidden=3584 by the
-//      roofline time (0.875x, fraction 0.93 held)".
+//   2. Else a stored shape within 4x of the query on every one of those dims: its answer times
+//      the ratio of the two shapes' roofline times max(bytes / ceiling_gbps, flops /
+//      ceiling_gflops) from the op's cost model, i.e. the achieved roofline fraction held, as
+//      extrapolation along an axis does; method extrapolated, `how` ending e.g. "shape scaled
+//      from hidden=4096 to hidden=3584 by the roofline time (0.875x, fraction 0.93 held)". Of
+//      those shapes, the one whose roofline time is nearest the query's (the smallest |log| of
+//      the ratio; ties: the nearest in the sum of |log| ratios of the dims): the fraction is held
+//      across the smallest change of work. Gemma-2-9B's attention (16 / 8 heads x 256) is thus
+//      scaled from 32 / 8 x 128 (the same query-key work, twice the KV bytes), not from
+//      16 / 4 x 128, as near in dims but twice (prefill) or four times (decode) the work away.
 // This lets the estimator cost a model whose dims were not collected (Qwen2-7B's hidden 3584,
 // Mistral's vocab 32768) from the same op's data; further than 4x, or with no cost model, it
 // stays not available. With impl "auto", an impl that holds the query's shape answers before any
@@ -287,6 +291,14 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
       out2.shape_scaled = true;
       return out2;
     }
+    // Candidates within 4x on every such dim, the least scaled first (the smallest |log| of the
+    // roofline ratio; then the nearest in dims): the achieved fraction is held best across the
+    // smallest change of work.
+    struct Candidate {
+      double log_scale, dist, furthest, scale;
+      Dims at;
+    };
+    std::vector<Candidate> candidates;
     for (const auto& [dist, key] : order) {
       Dims at = q;
       double furthest = 1;
@@ -296,8 +308,6 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
         furthest = std::max(furthest, std::max(x / y, y / x));
       }
       if (furthest > 4.0) continue;
-      Attempt a = answer_impl(t, op, impl, dtype, at, cost, interp, busiest);
-      if (!a.ok) continue;
       Cost at_stored, at_query;
       try {
         at_stored = cost(op, dtype, at);
@@ -308,16 +318,24 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
       const double roof_stored = roofline_us(at_stored, t.header), roof_query = roofline_us(at_query, t.header);
       if (!(roof_stored > 0 && roof_query > 0 && std::isfinite(roof_stored) && std::isfinite(roof_query))) continue;
       const double scale = roof_query / roof_stored;
+      candidates.push_back({std::abs(std::log(scale)), dist, furthest, scale, at});
+    }
+    std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+      return a.log_scale != b.log_scale ? a.log_scale < b.log_scale : a.dist < b.dist;
+    });
+    for (const Candidate& c : candidates) {
+      Attempt a = answer_impl(t, op, impl, dtype, c.at, cost, interp, busiest);
+      if (!a.ok) continue;
       Dims from, to;
       for (const std::string& d : fixed)
-        if (at.at(d) != q.at(d)) from[d] = at.at(d), to[d] = q.at(d);
+        if (c.at.at(d) != q.at(d)) from[d] = c.at.at(d), to[d] = q.at(d);
       a.answer.how += fmt::format("; shape scaled from {} to {} by the roofline time ({:.3f}x, fraction {:.2f} held)",
-                                  detail::dims_text(from, fixed), detail::dims_text(to, fixed), scale,
-                                  roof_stored / a.answer.us);
-      a.answer.us *= scale;
-      if (a.answer.energy_uj) *a.answer.energy_uj *= scale;
+                                  detail::dims_text(from, fixed), detail::dims_text(to, fixed), c.scale,
+                                  roofline_us(cost(op, dtype, c.at), t.header) / a.answer.us);
+      a.answer.us *= c.scale;
+      if (a.answer.energy_uj) *a.answer.energy_uj *= c.scale;
       a.answer.method = Method::extrapolated;
-      a.reach = std::max(a.reach, furthest);
+      a.reach = std::max(a.reach, c.furthest);
       a.shape_scaled = true;
       return a;
     }
