@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "opforge/plan.h"
 #include "opforge/registry.h"
 #include "opforge/tensor.h"
 
@@ -101,6 +102,29 @@ TEST(CudaMoe, PermuteOutOfRangeIdsGoLastInPairOrder) {
         for (int64_t h = 0; h < H; ++h)
           ASSERT_EQ(rows[size_t(inv[size_t(p)] * H + h)], load_as_double(host({1}, t, {xs[size_t((p / k) * H + h)]}).data(), t, 0));
     }
+}
+
+// Note [plan regimes]: the launch notes which path it took, so that the collector keeps the rows of
+// the one-launch path (pairs <= 1024) and of the sort path apart.
+TEST(CudaMoe, PermuteNotesItsPath) {
+  REQUIRE_CUDA();
+  for (int64_t T : {int64_t(128), int64_t(129)}) {
+    const int64_t k = 8, E = 128, H = 16, pairs = T * k;
+    std::vector<double> ids(static_cast<size_t>(pairs));
+    for (int64_t p = 0; p < pairs; ++p) ids[size_t(p)] = double(p % E);
+    Tensor x = Tensor::zeros({T, H}, DType::bf16, kGpu);
+    Tensor id = Tensor::copy_of(host({T, k}, DType::i32, ids).view(), kGpu, DType::i32);
+    Tensor out = Tensor::zeros({pairs, H}, DType::bf16, kGpu), off = Tensor::zeros({E + 1}, DType::i64, kGpu),
+           iv = Tensor::zeros({pairs}, DType::i64, kGpu);
+    plan::Recording rec;
+    moe_permute_cuda_vec16(kGpuCtx, out.view(), off.view(), iv.view(), x.view(), id.view(), E);
+    const std::vector<plan::Decision> d = rec.decisions();
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].key, "sort");
+    EXPECT_EQ(d[0].on, pairs > 1024) << pairs;
+    EXPECT_EQ(d[0].value, double(pairs));
+    EXPECT_EQ(d[0].threshold, 1025.0);
+  }
 }
 
 // The one-launch path (cuda_moe.cu's kSmallPairs = 1024: pairs <= 1024) and the sort path just

@@ -53,6 +53,7 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_launch.cuh"
+#include "opforge/plan.h"
 #include "ops/routing/internal.h"
 #include "ops/routing/routing_cuda.h"
 
@@ -257,6 +258,10 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
   }
   // OPFORGE_CUDA_MOE_SMALL=0 turns the one-launch path off, for side-by-side timing.
   static const bool small_path = !env_off("OPFORGE_CUDA_MOE_SMALL");
+  // Note [plan regimes]: the time per pair steps where the one-launch path ends (H200, Qwen3-30B's
+  // 128 experts, k 8: 4.9 us at 128 tokens, 23.4 at 192), so the collector keeps the two paths'
+  // rows apart.
+  plan::note("sort", pairs > kSmallPairs || !small_path, double(pairs), double(kSmallPairs + 1));
   if (pairs <= kSmallPairs && small_path) {  // one launch (small_permute_kernel)
     auto small = [&](auto inv_tag) {
       using I = decltype(inv_tag);
