@@ -295,7 +295,7 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
     // roofline ratio; then the nearest in dims): the achieved fraction is held best across the
     // smallest change of work.
     struct Candidate {
-      double log_scale, dist, furthest, scale;
+      double log_scale, dist, furthest, scale, roof_stored;
       Dims at;
     };
     std::vector<Candidate> candidates;
@@ -318,7 +318,7 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
       const double roof_stored = roofline_us(at_stored, t.header), roof_query = roofline_us(at_query, t.header);
       if (!(roof_stored > 0 && roof_query > 0 && std::isfinite(roof_stored) && std::isfinite(roof_query))) continue;
       const double scale = roof_query / roof_stored;
-      candidates.push_back({std::abs(std::log(scale)), dist, furthest, scale, at});
+      candidates.push_back({std::abs(std::log(scale)), dist, furthest, scale, roof_stored, at});
     }
     std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
       return a.log_scale != b.log_scale ? a.log_scale < b.log_scale : a.dist < b.dist;
@@ -331,7 +331,7 @@ Attempt answer_impl(const OpTable& t, const std::string& op, const std::string& 
         if (c.at.at(d) != q.at(d)) from[d] = c.at.at(d), to[d] = q.at(d);
       a.answer.how += fmt::format("; shape scaled from {} to {} by the roofline time ({:.3f}x, fraction {:.2f} held)",
                                   detail::dims_text(from, fixed), detail::dims_text(to, fixed), c.scale,
-                                  roofline_us(cost(op, dtype, c.at), t.header) / a.answer.us);
+                                  c.roof_stored / a.answer.us);
       a.answer.us *= c.scale;
       if (a.answer.energy_uj) *a.answer.energy_uj *= c.scale;
       a.answer.method = Method::extrapolated;
