@@ -147,6 +147,10 @@ struct Answer {
   Method method = Method::measured;
   std::string impl;  // the impl that answered (useful with "auto")
   std::string how;   // e.g. "interpolated in tokens between 512 and 1024 (fixed cost plus power law)"
+  // Non-empty when the kernel whose rows answered cannot run the query's shape (Note [kernels
+  // that cannot run the shape] in src/perfdb/database.cpp): the kernel that would run it, or "".
+  // `impl` then reads "<that kernel> (data: <measured impl>)".
+  std::optional<std::string> stand_in_for;
 };
 
 // Write one table (header lines, column header, rows) to `path`; `append_rows` adds rows to an
@@ -161,6 +165,19 @@ OpTable parse_table(const std::string& text, const std::string& path);
 
 // The op's cost model as the extrapolation uses it; Database's default is perfdb::cost_at.
 using CostFn = std::function<Cost(const std::string& op, const std::string& dtype, const Dims& dims)>;
+
+// Whether a kernel can run a shape, as queries check it: why `impl` refuses the call of `op` at
+// `dims` in `dtype` (its predicate's reason), or "" when it takes it or this build cannot tell
+// (no such kernel registered here, no predicate). Database's default is perfdb::kernel_refusal.
+using RefusalFn = std::function<std::string(const std::string& op, const std::string& impl,
+                                            const std::string& dtype, const Dims& dims)>;
+std::string kernel_refusal(const std::string& op, const std::string& impl, const std::string& dtype,
+                           const Dims& dims);
+// The kernel the registry would run for that call on the device `impl` belongs to: the first
+// non-reference kernel of that device, highest priority first, whose predicate takes the shape;
+// "" when none does or this build cannot tell. `refusal` as above (the default when empty).
+std::string kernel_that_runs(const std::string& op, const std::string& impl, const std::string& dtype,
+                             const Dims& dims, const RefusalFn& refusal = {});
 
 class Database {
  public:
@@ -187,6 +204,8 @@ class Database {
 
   // Replace the cost model used for extrapolation (an empty function restores perfdb::cost_at).
   void set_cost_model(CostFn fn) { cost_ = std::move(fn); }
+  // Replace the check of whether a kernel can run a shape (empty: perfdb::kernel_refusal).
+  void set_refusal_check(RefusalFn fn) { refusal_ = std::move(fn); }
   // How queries interpolate along one axis (default Interpolation::floor_power).
   void set_interpolation(Interpolation m);
   Interpolation interpolation() const { return interp_; }
@@ -196,6 +215,7 @@ class Database {
   std::string folder_;
   std::map<std::string, OpTable> tables_;
   CostFn cost_;
+  RefusalFn refusal_;
   Interpolation interp_ = Interpolation::floor_power;
   // (op, axis, impl) whose rows follow the busiest thread's rows (Note [busiest thread's rows] in
   // src/perfdb/internal.h), voted by their own rows under interp_.

@@ -359,6 +359,7 @@ nlohmann::json rows_json(const std::vector<EstimateRow>& rows) {
                      {"us_stored", r.stored_total_us}, {"layer_share", r.call.layer_share},
                      {"work_scale", r.call.work_scale}};
     if (r.answer.energy_uj) j["energy_uj_per_call"] = *r.answer.energy_uj;
+    if (r.answer.stand_in_for) j["stand_in_for"] = *r.answer.stand_in_for;  // Note [kernels that cannot run the shape]
     if (!r.call.spread.empty()) {  // Note [moe row spread]: [rows, expected experts] pairs
       nlohmann::json spread = nlohmann::json::array();
       for (const RowsShare& x : r.call.spread) spread.push_back({x.rows, x.experts});

@@ -33,6 +33,21 @@
 // stays not available. With impl "auto", an impl that holds the query's shape answers before any
 // other.
 //
+// Note [kernels that cannot run the shape]: a kernel whose rows exist may still refuse the query's
+// shape (cuda_split_mma takes head_dim 64 and 128; Gemma-2-9B's decode has 256), and the shape
+// rule above would happily scale its rows there. So each candidate impl is first asked, through
+// its own predicate on the call's arguments as shape-only views (perfdb::kernel_refusal):
+//   - an explicit impl that refuses: PerfDataNotAvailable naming the predicate's reason;
+//   - with "auto", impls that take the shape answer first, by the rule above;
+//   - only when every impl with an answer refuses, the fastest of those answers stands in for the
+//     kernel the registry would run there (perfdb::kernel_that_runs): `impl` reads
+//     "cuda_split_async (data: cuda_split_mma)", `how` says why, `stand_in_for` names it, and the
+//     method is at least extrapolated. The time is then that of another kernel at another shape:
+//     good where both stream the same bytes near the copy ceiling (Gemma-2-9B's decode layers
+//     within 6% of the measured ones, docs/perf/estimator.md), a guess elsewhere.
+// A build without the kernel (a CPU-only build reading a GPU database) cannot ask it, and answers
+// as if it took the shape.
+//
 // Note [two axes by lines]: a query inside the grid on both axes of a 2-axis table is answered
 // by the one-axis rule twice: along the second axis on every stored line of the first axis whose
 // second-axis values bracket the query (each line's own stored points), then along the first
@@ -690,23 +705,45 @@ Answer Database::query(const std::string& op, const std::string& impl, const std
     candidates.push_back(impl);
   }
   const CostFn& cost = cost_ ? cost_ : CostFn(cost_at);
+  // Note [kernels that cannot run the shape]
+  const RefusalFn& refuses = refusal_ ? refusal_ : RefusalFn(kernel_refusal);
+  std::map<std::string, std::string> refused;  // impl -> its predicate's reason
+  for (const std::string& c : candidates)
+    if (std::string r = refuses(op, c, dt, dims); !r.empty()) refused[c] = std::move(r);
+  if (impl != "auto" && refused.count(impl))
+    throw PerfDataNotAvailable(fmt::format("no performance data for {} impl '{}' at {} (system '{}'): that kernel "
+                                           "cannot run the shape ({})",
+                                           op, impl, detail::dims_text(dims, t.dim_names), system_, refused[impl]));
   // The fastest answer, from the impls that have the query's non-axis dims if any has them (a
-  // shape-scaled answer never displaces one at the stored shape: Note [shapes off the grid]).
-  std::optional<Attempt> best;
+  // shape-scaled answer never displaces one at the stored shape: Note [shapes off the grid]);
+  // kernels that can run the shape first.
+  std::optional<Attempt> best, best_refused;
   std::vector<std::string> why;
   for (const std::string& c : candidates) {
     std::set<std::string> busiest;
     for (const std::string& axis : t.header.axes)
       if (busiest_.count({op, axis, c})) busiest.insert(axis);
     Attempt a = answer_impl(t, op, c, dt, dims, cost, interp_, busiest);
+    std::optional<Attempt>& slot = refused.count(c) ? best_refused : best;
     if (!a.ok) {
       why.push_back(candidates.size() > 1 ? c + ": " + a.why : a.why);
-    } else if (!best || (best->shape_scaled && !a.shape_scaled) ||
-               (best->shape_scaled == a.shape_scaled && a.answer.us < best->answer.us)) {
-      best = a;
+    } else if (!slot || (slot->shape_scaled && !a.shape_scaled) ||
+               (slot->shape_scaled == a.shape_scaled && a.answer.us < slot->answer.us)) {
+      slot = a;
     }
   }
   if (best) return best->answer;
+  if (best_refused) {
+    Answer a = best_refused->answer;
+    const std::string runs = kernel_that_runs(op, a.impl, dt, dims, refusal_);
+    a.how += fmt::format("; {} cannot run this shape ({}): its rows stand in for {}", a.impl, refused[a.impl],
+                         runs.empty() ? std::string("a kernel that can (none named by this build)")
+                                      : runs + ", the kernel that would run it, which has no answer here");
+    a.method = std::max(a.method, Method::extrapolated);
+    a.stand_in_for = runs;
+    a.impl = runs.empty() ? a.impl + " (cannot run this shape)" : runs + " (data: " + a.impl + ")";
+    return a;
+  }
   throw PerfDataNotAvailable(fmt::format("no performance data for {} (system '{}', impl '{}', dtype '{}') at {}: {}", op,
                                          system_, impl, dtype, detail::dims_text(dims, t.dim_names), join(why, "; ")));
 }

@@ -281,3 +281,57 @@ double footprint_bytes(const std::string& op, const std::string& dtype, const Di
 }
 
 }  // namespace opforge::perfdb
+
+namespace opforge::perfdb {
+
+namespace {
+
+const KernelEntry* kernel_named(const OpEntry& e, const std::string& impl) {
+  for (const KernelEntry& k : e.kernels)
+    if (k.impl() == impl) return &k;
+  return nullptr;
+}
+
+}  // namespace
+
+// Note [kernels that cannot run the shape] (src/perfdb/database.cpp): the kernel's own predicate
+// on the call's arguments as views at a 64-byte aligned dummy address (shape_values), so a
+// predicate on alignment passes and one on dtype, head size or head ratio speaks.
+std::string kernel_refusal(const std::string& op, const std::string& impl, const std::string& dtype,
+                           const Dims& dims) {
+  const OpEntry* e = global_registry().find(op);
+  const KernelEntry* k = e ? kernel_named(*e, impl) : nullptr;
+  if (!k || !k->fn || !k->boxed_predicate) return "";  // not in this build, or no predicate
+  try {
+    const Case c = case_at(op, dims);
+    std::vector<Tensor> keep;
+    const std::vector<Value> values = shape_values(*e, c, parse_dtype(dtype), keep);
+    const char* why = k->boxed_predicate(k->predicate, values);
+    return why ? why : "";
+  } catch (const Error&) {
+    return "";  // no case at these dims: cannot tell
+  }
+}
+
+std::string kernel_that_runs(const std::string& op, const std::string& impl, const std::string& dtype,
+                             const Dims& dims, const RefusalFn& refusal) {
+  const OpEntry* e = global_registry().find(op);
+  const KernelEntry* measured = e ? kernel_named(*e, impl) : nullptr;
+  if (!measured) return "";
+  std::vector<const KernelEntry*> same_device;
+  for (const KernelEntry& k : e->kernels)
+    if (k.desc.device == measured->desc.device && !k.is_reference()) {
+      if (!k.fn) return "";  // a kernel of that device not in this build: cannot tell
+      same_device.push_back(&k);
+    }
+  std::stable_sort(same_device.begin(), same_device.end(),
+                   [](const KernelEntry* a, const KernelEntry* b) { return a->desc.priority > b->desc.priority; });
+  for (const KernelEntry* k : same_device) {
+    if (!k->claims(parse_dtype(dtype))) continue;
+    const std::string why = refusal ? refusal(op, k->impl(), dtype, dims) : kernel_refusal(op, k->impl(), dtype, dims);
+    if (why.empty()) return k->impl();
+  }
+  return "";
+}
+
+}  // namespace opforge::perfdb
