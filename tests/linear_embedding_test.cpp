@@ -338,10 +338,10 @@ TEST(EmbeddingCpu, BackwardIsDeterministicAcrossThreadCounts) {
   }
 }
 
-// Past the cache share (Note [streaming stores]) the backward writes dw by non-temporal stores:
-// the same bits as plain stores, for rows of no token, one token and many. A 64 KiB L3 makes
-// this small call stream; rows of 72 bf16 (144 bytes) in a 128-element (256-byte) row stride give
-// each row a tail past its last whole vector.
+// Past the cache share (Note [streaming stores]) the forward writes y and the backward dw by
+// non-temporal stores: the same bits as plain stores, for rows of no token, one token and many.
+// A 64 KiB L3 makes this small call stream; rows of 72 bf16 (144 bytes) in a 128-element
+// (256-byte) row stride give each row a tail past its last whole vector.
 TEST(EmbeddingCpu, BackwardStreamingStoresMatchPlainStores) {
   const int64_t tokens = 600, vocab = 700, dim = 72, ld = 128;
   std::mt19937 gen(3);
@@ -358,7 +358,8 @@ TEST(EmbeddingCpu, BackwardStreamingStoresMatchPlainStores) {
     const TensorView y(y_store.data(), DType::bf16, Shape{tokens, dim}, strides);
     const TensorView dw(dw_store.data(), DType::bf16, Shape{vocab, dim}, strides);
     const int64_t saved = cpu::set_l3_bytes_for_testing(l3);
-    const bool streams = cpu::stream_outputs(double(dw_store.nbytes()), {&dw});
+    const bool streams = cpu::stream_outputs(double(dw_store.nbytes()), {&dw}) &&
+                         cpu::stream_outputs(2.0 * double(tokens * dim * 2), {&y});
     embedding_cpu(kCtx, y, ids, w, -1);
     embedding_backward_cpu(kCtx, dw, dy, ids, w, -1);
     cpu::set_l3_bytes_for_testing(saved);
