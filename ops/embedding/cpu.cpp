@@ -4,11 +4,11 @@
 // with Note [row layout]; f32 / bf16 / f16 (f64: the reference kernel).
 //
 // Why it is fast:
-// - Forward is a gather of whole rows: y and w share a dtype, so each row is one memcpy (the
-//   library's widest copy loop), no conversion and no arithmetic; OpenMP over blocks of tokens
+// - Forward is a gather of whole rows: y and w share a dtype, so rows are copied as bytes
+//   (cpu::gather_rows, Note [row gather]: memcpy, or past the cache share non-temporal stores
+//   with the next row prefetched), no conversion and no arithmetic; OpenMP over blocks of tokens
 //   sized by Note [tiling] (one block's y rows in half of L2). It moves ids + 2 x tokens x dim
-//   elements, the roofline minimum; a y larger than the cache share is written by non-temporal
-//   stores (Note [streaming stores]), so its lines are not read first.
+//   elements, the roofline minimum.
 // - Backward is deterministic by construction, not by atomics: a stable counting sort (one pass
 //   over ids, O(tokens + vocab)) lists each vocab row's tokens in increasing token order; vocab
 //   rows are then split into blocks (Note [tiling]) across OpenMP threads, each row owned by one
@@ -23,7 +23,6 @@
 #include "backends/cpu/simd-inl.h"
 #include "hwy/highway.h"
 #include "ops/embedding/internal.h"
-#include <cstring>
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::embedding_simd::HWY_NAMESPACE {
@@ -81,34 +80,6 @@ void sum_rows(const BackwardRows& a, DType dtype, int64_t v0, int64_t v1, float*
   }
 }
 
-// Forward rows [i0, i1) past the cache: each y row (64-byte aligned: cpu::stream_outputs checked)
-// copied from its w row by whole vectors with non-temporal stores, the row's tail by memcpy.
-void gather_rows_streaming(char* dst, int64_t y_stride, const char* src, int64_t w_stride, int64_t row_bytes,
-                           const TensorView* ids, int64_t i0, int64_t i1) {
-  const hn::ScalableTag<uint8_t> d;
-  const int64_t n = int64_t(hn::Lanes(d));
-  for (int64_t i = i0; i < i1; ++i) {
-    const uint8_t* from = reinterpret_cast<const uint8_t*>(src + id_at(*ids, i) * w_stride);
-    uint8_t* to = reinterpret_cast<uint8_t*>(dst + i * y_stride);
-    // The next row's address is the next id's, which no hardware prefetcher guesses: its lines
-    // are asked for while this row is copied.
-    const uint8_t* next = i + 1 < i1 ? reinterpret_cast<const uint8_t*>(src + id_at(*ids, i + 1) * w_stride) : from;
-    int64_t j = 0;
-    for (; j + 4 * n <= row_bytes; j += 4 * n) {  // four loads in flight before the stores
-      for (int64_t k = 0; k < 4 * n; k += 64) hwy::Prefetch(next + j + k);
-      const auto v0 = hn::LoadU(d, from + j), v1 = hn::LoadU(d, from + j + n);
-      const auto v2 = hn::LoadU(d, from + j + 2 * n), v3 = hn::LoadU(d, from + j + 3 * n);
-      hn::Stream(v0, d, to + j);
-      hn::Stream(v1, d, to + j + n);
-      hn::Stream(v2, d, to + j + 2 * n);
-      hn::Stream(v3, d, to + j + 3 * n);
-    }
-    for (; j + n <= row_bytes; j += n) hn::Stream(hn::LoadU(d, from + j), d, to + j);
-    if (j < row_bytes) std::memcpy(to + j, from + j, size_t(row_bytes - j));
-  }
-  hwy::FlushStream();
-}
-
 }  // namespace opforge::embedding_simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -117,13 +88,13 @@ HWY_AFTER_NAMESPACE();
 #include <memory>
 #include <vector>
 
+#include "backends/cpu/gather.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 
 namespace opforge {
 namespace embedding_simd {
 HWY_EXPORT(sum_rows);
-HWY_EXPORT(gather_rows_streaming);
 }  // namespace embedding_simd
 
 namespace {
@@ -156,18 +127,11 @@ void embedding_cpu(const Context&, const TensorView& y, const TensorView& ids, c
   char* dst = static_cast<char*>(y.data);
   const int64_t w_stride = w.row_stride() * item, y_stride = y.row_stride() * item;
   const cpu::RowTasks blocks = cpu::balanced(row_blocks(tokens, dim, 2 * item));  // Note [balanced tasks]
-  // Note [streaming stores]: y past the cache is written by non-temporal stores (a plain store
-  // reads the line first: 3 bytes moved for 2); small calls keep y in cache for the next op.
-  if (cpu::stream_outputs(2.0 * double(tokens) * double(row_bytes), {&y})) {
-    auto* fn = HWY_DYNAMIC_DISPATCH(embedding_simd::gather_rows_streaming);
-    cpu::parallel_tasks(blocks.count(), [&](int64_t task) {
-      fn(dst, y_stride, src, w_stride, int64_t(row_bytes), &ids, blocks.begin(task), blocks.end(task));
-    });
-    return;
-  }
+  const cpu::RowGather g{dst, y_stride, src, w_stride, int64_t(row_bytes), ids.data, ids.dtype == DType::i64};
+  // Note [streaming stores]: y past the cache share goes out by non-temporal stores.
+  const bool stream = cpu::stream_outputs(2.0 * double(tokens) * double(row_bytes), {&y});
   cpu::parallel_tasks(blocks.count(), [&](int64_t task) {
-    for (int64_t i = blocks.begin(task); i < blocks.end(task); ++i)
-      std::memcpy(dst + i * y_stride, src + id_at(ids, i) * w_stride, row_bytes);
+    cpu::gather_rows(g, blocks.begin(task), blocks.end(task), stream);  // Note [row gather]
   });
 }
 

@@ -7,9 +7,11 @@
 //  - permute: one serial pass over the T * k ids counts the experts, a prefix sum gives
 //    expert_offsets, a second pass hands each pair the next row of its expert (stable: pairs are
 //    visited in increasing p) and writes inv_perm; O(T * k + E) integer work, small next to the
-//    row copies (2048 to 8192 bytes per pair for the models of the cases). The rows (the bulk of the bytes) are then copied with memcpy by OpenMP
-//    tasks of output rows in order (each gathers its token's x row; stores stay sequential),
-//    rows per task from capacity_block (Note [tiling]): a pure copy.
+//    row copies (2048 to 8192 bytes per pair for the models of the cases). The rows (the bulk of
+//    the bytes) are then copied by OpenMP tasks of output rows in order (each gathers its
+//    token's x row; stores stay sequential), rows per task from capacity_block (Note [tiling]): a
+//    pure copy, by memcpy or, past the cache share, by non-temporal stores with the next row
+//    prefetched (cpu::gather_rows, Note [row gather]).
 //  - unpermute: Highway SIMD + OpenMP over tokens, f32 accumulation (cpu_moe.cpp).
 //
 // Measured 2026-11-26 (bf16, large group) on the project's shared 2-core machine under load
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/gather.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/tiling.h"
 #include "opforge/checks.h"
@@ -220,12 +223,12 @@ void moe_permute_cpu(const Context&, const TensorView& permuted, const TensorVie
   spec.bytes_per_element = 2 * size;
   spec.multiplier = p.hidden;
   const cpu::RowTasks tasks = cpu::balanced(cpu::row_blocks(pairs, spec));  // Note [balanced tasks]
-  const auto* x_bytes = static_cast<const char*>(p.x);
-  auto* out_bytes = static_cast<char*>(p.out);
+  const cpu::RowGather g{static_cast<char*>(p.out), p.out_stride * size, static_cast<const char*>(p.x),
+                         p.x_stride * size, int64_t(row_bytes), token_of.get(), true};
+  // Note [streaming stores]: the permuted rows past the cache share go out by non-temporal stores.
+  const bool stream = cpu::stream_outputs(2.0 * double(pairs) * double(row_bytes), {&permuted});
   cpu::parallel_tasks(tasks.count(), [&](int64_t task) {
-    for (int64_t row = tasks.begin(task); row < tasks.end(task); ++row)
-      std::memcpy(out_bytes + row * p.out_stride * size, x_bytes + token_of[row] * p.x_stride * size,
-                  row_bytes);
+    cpu::gather_rows(g, tasks.begin(task), tasks.end(task), stream);  // Note [row gather]
   });
 }
 
@@ -424,7 +427,7 @@ void register_moe(Registry& reg) {
   permute.cases = moe_permute_cases;
   reg.add_kernel<MoePermute>(reference_kernel_desc("counting sort, element copies through double"),
                              &moe_permute_reference);
-  reg.add_kernel<MoePermute>(cpu_kernel_desc("serial counting sort of the ids + OpenMP memcpy of rows"),
+  reg.add_kernel<MoePermute>(cpu_kernel_desc("serial counting sort of the ids + OpenMP row copies (streamed past the cache)"),
                              &moe_permute_cpu, &moe_permute_cpu_applicable);
 
   OpEntry& unpermute = reg.add_op<MoeUnpermute>();
