@@ -309,6 +309,13 @@ TEST(NormCpu, StreamingStoresMatchPlainStores) {
     layer_norm_backward_cpu(kCtx, y, dw, db, dy, x, w, 1e-5);
     layer_norm_backward_cpu(kCtx, ys, dws, dbs, dys, xs, w, 1e-5);
     EXPECT_TRUE(same_bytes(head(y), ys));
+    // group_norm over the same bytes as [rows, 8 channels, 128]: 4 groups of 2 channels a row
+    Tensor gw = random({8}, t, 6, true), gb = random({8}, t, 7);
+    group_norm_cpu(kCtx, TensorView(y.data(), t, Shape{rows, 8, 128}), TensorView(x.data(), t, Shape{rows, 8, 128}),
+                   gw, gb, 4, 1e-5);
+    group_norm_cpu(kCtx, TensorView(ys.data(), t, Shape{4, 8, 128}), TensorView(xs.data(), t, Shape{4, 8, 128}),
+                   gw, gb, 4, 1e-5);
+    EXPECT_TRUE(same_bytes(head(y), ys));
   }
   cpu::set_l3_bytes_for_testing(saved);
 }

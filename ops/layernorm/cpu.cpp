@@ -22,7 +22,7 @@
 //   normalising pass re-read it from L1 / L2: rows per task come from capacity_block (Note
 //   [tiling]) so a task's rows fit half of a core's L2. Memory traffic is x + y (forward) or
 //   dy + x + dx (backward), the roofline minimum. A group_norm group larger than half the L2 is
-//   read three times.
+//   read three times. group_norm's y past the cache share goes out by streaming stores too.
 // - The backward's row sums (the sums of d = x - k, d^2, g = dy * w and g d in the read pass)
 //   give dx = rstd * (g - mean(g) - xhat * mean(g xhat)) without another read of memory, and
 //   without the centred pass while k lies within a few standard deviations of the mean (Note
@@ -446,7 +446,9 @@ void layer_norm_backward_chunk(const LayerNormRows& a, int64_t begin, int64_t en
 // ---- group_norm --------------------------------------------------------------------------------
 // Forward of group (n, g): statistics over the whole contiguous group, then per channel
 // y = (x - mean) * (rstd * w[c]) + b[c].
-template <class T> void gn_forward_group(const GroupNormArgs& a, int64_t group) {
+// kStream: whole vectors of y by non-temporal stores (every channel row starts 64-byte aligned:
+// cpu::stream_outputs checked; a whole vector at a whole-vector offset is aligned), tails plain.
+template <class T, bool kStream> void gn_forward_group(const GroupNormArgs& a, int64_t group) {
   const int64_t per_group = a.channels / a.groups, len = per_group * a.spatial;
   if (len == 0) return;
   const T* x = static_cast<const T*>(a.x) + group * len;
@@ -464,7 +466,9 @@ template <class T> void gn_forward_group(const GroupNormArgs& a, int64_t group) 
     const T* xc = x + c * a.spatial;
     T* yc = y + c * a.spatial;
     for_each_vector(a.spatial, [&](int64_t i, size_t count) {
-      store_n(hn::MulAdd(centred(xc + i, count, k, mean_d), scale, shift), yc + i, count);
+      const VF v = hn::MulAdd(centred(xc + i, count, k, mean_d), scale, shift);
+      if (kStream && count == hn::Lanes(DF())) store<true>(v, yc + i);
+      else store_n(v, yc + i, count);
     });
   }
 }
@@ -539,12 +543,14 @@ void gn_groups_typed(const GroupNormArgs& a, int64_t begin, int64_t end, float* 
                      float* db_part) {
   for (int64_t group = begin; group < end; ++group) {
     if (!a.dy) {
-      gn_forward_group<T>(a, group);
+      if (a.stream) gn_forward_group<T, true>(a, group);
+      else gn_forward_group<T, false>(a, group);
     } else {
       const int64_t n = group / a.groups;
       gn_backward_group<T>(a, group, dw_part + n * a.channels, db_part + n * a.channels);
     }
   }
+  if (a.stream) hwy::FlushStream();
 }
 
 // Groups [begin, end) of group_norm (forward when a.dy is nullptr, else backward; partials are
@@ -683,6 +689,7 @@ void group_norm_cpu(const Context&, const TensorView& y, const TensorView& x, co
   GroupNormArgs a = group_args(x, w, num_groups, eps);
   a.b = b.data;
   a.y = y.data;
+  a.stream = cpu::stream_outputs(2 * double(x.numel()) * double(x.itemsize()), {&y});
   const int64_t len = a.channels / num_groups * a.spatial;
   const cpu::RowTasks tasks = tasks_of(a.batch * num_groups, len, 2, x.itemsize());
   auto* groups_fn = HWY_DYNAMIC_DISPATCH(layernorm_cpu::group_norm_groups);

@@ -93,6 +93,7 @@ struct GroupNormArgs {
   void* y = nullptr;        // forward
   const void* dy = nullptr;  // backward
   void* dx = nullptr;        // backward
+  bool stream = false;       // forward: Note [streaming stores] for y
 };
 
 // Rows of dyt (forward: dy == nullptr) or of its backward.
