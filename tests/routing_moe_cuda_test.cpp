@@ -74,10 +74,13 @@ Permutation expected_permutation(const std::vector<double>& ids, int64_t E) {
   return r;
 }
 
-// 3000 tokens, k = 8, 128 experts: 24000 pairs, 24 chunks of the sort; every 97th id out of range.
-TEST(CudaMoe, PermuteOutOfRangeIdsGoLastInPairOrder) {
-  REQUIRE_CUDA();
-  const int64_t T = 3000, k = 8, E = 128, H = 64, pairs = T * k;
+// Every 97th id out of range. 3000 tokens, k = 8, 128 experts: 24000 pairs, 94 chunks of the sort
+// (the last one partial); 301 tokens, k = 10, 16 experts: two batches of a token's rows in the
+// copy kernel, the second partial (kCopyBatch = 8); 700 tokens, k = 6, 1000 experts: chunks as
+// long as the bucket count (1,024 pairs), each walked in four batches of rank steps.
+void expect_sort_path_permutes(int64_t T, int64_t k, int64_t E) {
+  SCOPED_TRACE("T " + std::to_string(T) + " k " + std::to_string(k) + " E " + std::to_string(E));
+  const int64_t H = 64, pairs = T * k;
   std::mt19937 gen(7);
   std::vector<double> ids(static_cast<size_t>(pairs)), xs(static_cast<size_t>(T * H));
   for (int64_t p = 0; p < pairs; ++p) ids[size_t(p)] = p % 97 == 5 ? (p % 2 ? -1.0 : double(E + p % 3)) : double(gen() % E);
@@ -102,6 +105,13 @@ TEST(CudaMoe, PermuteOutOfRangeIdsGoLastInPairOrder) {
         for (int64_t h = 0; h < H; ++h)
           ASSERT_EQ(rows[size_t(inv[size_t(p)] * H + h)], load_as_double(host({1}, t, {xs[size_t((p / k) * H + h)]}).data(), t, 0));
     }
+}
+
+TEST(CudaMoe, PermuteOutOfRangeIdsGoLastInPairOrder) {
+  REQUIRE_CUDA();
+  expect_sort_path_permutes(3000, 8, 128);
+  expect_sort_path_permutes(301, 10, 16);
+  expect_sort_path_permutes(700, 6, 1000);
 }
 
 // Note [plan regimes]: the launch notes which path it took, so that the collector keeps the rows of

@@ -8,7 +8,8 @@
 //
 // moe_permute: a stable counting sort whose result is a function of the ids alone (no atomics
 // whose order could show): the pairs p = t * k + j are cut into C chunks of `chunk` pairs
-// (chunk a multiple of 32, at least 1024, C <= 65536), B = E + 1 buckets.
+// (chunk a multiple of 32, at least 256 and at least B, C <= 65536: Note [sort chunks]), B = E + 1
+// buckets.
 //   1. count_kernel, one 256-thread block per chunk: per-bucket counts of the chunk in shared
 //      memory (shared atomics on integers: the totals do not depend on their order), written
 //      bucket-major to counts[b * C + c].
@@ -16,15 +17,16 @@
 //      + c] = the first row of bucket b's pairs of chunk c (all pairs of lower buckets, then those
 //      of bucket b in lower chunks). Integer sums: exact and deterministic.
 //   3. rank_kernel, one warp per chunk: the chunk's bases go to shared memory; the warp walks its
-//      pairs 32 at a time in increasing p, __match_any_sync groups the lanes of equal bucket, a
-//      lane's row is its bucket's cursor + the number of lower lanes in its group, and the group's
-//      highest lane advances the cursor by the group's size. So the row of p is the bucket start
+//      pairs 32 at a time in increasing p (their ids loaded 8 steps ahead: Note [rank batches]),
+//      __match_any_sync groups the lanes of equal bucket, a lane's row is its bucket's cursor +
+//      the number of lower lanes in its group, and the group's highest lane advances the cursor
+//      by the group's size. So the row of p is the bucket start
 //      + the number of earlier pairs of its bucket: the stable order. inv_perm[p] = row; chunk 0
 //      also writes expert_offsets[b] = bases[b * C] for b = 0..E.
-//   4. copy_kernel: the rows. 2-D blocks of 256 threads, x over the row's units (16-byte packs
-//      for cuda_vec16, single elements for cuda), y over pairs (grid y capped at 65535 with a pair
-//      stride loop); row inv_perm[p] of permuted = row p / k of x, so a token's k copies read the
-//      same x row back to back (L2 hits).
+//   4. copy_kernel: the rows, token-major. 2-D blocks of 256 threads, x over the row's units
+//      (16-byte packs for cuda_vec16, single elements for cuda), y over tokens (grid y capped at
+//      65535 with a token stride loop); a thread reads its unit of x row t once and stores it to
+//      rows inv_perm[t * k + j], j = 0..k-1.
 //   Scratch (counts, bases, CUB's temporary storage) is the per-stream workspace (Note [cuda
 //   workspace]); no allocation after the first call of a size, no host synchronization. Buckets
 //   <= 4096 (32 KiB of shared cursors): the predicate says "more than 4095 experts".
@@ -66,13 +68,16 @@ constexpr int64_t kMaxBuckets = 4096;
 // The one-launch path up to kSmallPairs pairs (small_permute_kernel). Every block reads all ids,
 // so the id traffic is pairs^2 / kSmallWarps * 4 bytes (1 MiB at 1024 pairs, a quarter of the
 // rows' 4 MiB at hidden 2048 bf16, and L2 hits) and a warp's rank takes pairs / 32 ballot steps (32 at 1024):
-// both grow with pairs^2 while the launches saved stay 3. 1024 is also where the sort path's
-// first chunk ends (chunk >= 1024), so below it that path runs one block per kernel anyway.
+// both grow with pairs^2 while the launches saved stay 3.
 constexpr int64_t kSmallPairs = 1024;
 // 128-thread blocks (4 pairs each: 32 blocks at 128 pairs, spread over as many SMs), a lane's
 // loads kSmallBatch at a time.
 constexpr int kSmallThreads = 128, kSmallWarps = kSmallThreads / 32;  // one warp per pair
 constexpr int kSmallBatch = 8;
+// The sort path: at least kChunkPairs pairs a chunk (Note [sort chunks]); ids a lane loads ahead
+// in rank_kernel (Note [rank batches]); inv_perm entries a thread loads ahead in copy_kernel.
+constexpr int64_t kChunkPairs = 256;
+constexpr int kRankBatch = 8, kCopyBatch = 8;
 
 int64_t align_up(int64_t n) { return (n + 255) / 256 * 256; }
 
@@ -108,18 +113,30 @@ __global__ void __launch_bounds__(32) rank_kernel(const int32_t* ids, int64_t pa
   __syncwarp();
   const unsigned lower = (1u << lane) - 1u;
   const int64_t begin = c * chunk, end = min(pairs, begin + chunk);
-  for (int64_t base = begin; base < end; base += 32) {  // uniform over the warp
-    const int64_t p = base + lane;
-    const bool valid = p < end;
-    const int b = valid ? bucket_of(ids[p], experts) : buckets;  // buckets: no bucket
-    const unsigned group = __match_any_sync(0xffffffffu, b);
-    const int64_t row = valid ? cursor[b] + __popc(group & lower) : 0;
-    __syncwarp();
-    if (valid) {
-      inv[p] = I(row);
-      if ((group >> lane) == 1u) cursor[b] += __popc(group);  // the group's highest lane
+  // Note [rank batches]: the ids of kRankBatch warp steps are loaded before the first step, so
+  // the serial chain of steps (each needs the cursors the previous one advanced) waits on one
+  // memory round trip per kRankBatch steps, not one per step.
+  for (int64_t first = begin; first < end; first += 32 * kRankBatch) {  // uniform over the warp
+    int b[kRankBatch];
+#pragma unroll
+    for (int s = 0; s < kRankBatch; ++s) {
+      const int64_t p = first + 32 * s + lane;
+      b[s] = p < end ? bucket_of(ids[p], experts) : buckets;  // buckets: no pair
     }
-    __syncwarp();
+#pragma unroll
+    for (int s = 0; s < kRankBatch; ++s) {
+      if (first + 32 * s >= end) break;  // uniform over the warp
+      const int64_t p = first + 32 * s + lane;
+      const bool valid = b[s] < buckets;
+      const unsigned group = __match_any_sync(0xffffffffu, b[s]);
+      const int64_t row = valid ? cursor[b[s]] + __popc(group & lower) : 0;
+      __syncwarp();
+      if (valid) {
+        inv[p] = I(row);
+        if ((group >> lane) == 1u) cursor[b[s]] += __popc(group);  // the group's highest lane
+      }
+      __syncwarp();
+    }
   }
 }
 
@@ -127,9 +144,12 @@ template <class T, class I, bool kVec> struct CopyArgs {
   T* out;
   const T* x;
   const I* inv;
-  int64_t out_stride, x_stride, pairs, topk, hidden;
+  int64_t out_stride, x_stride, tokens, topk, hidden;
 };
 
+// Token-major: a thread reads its unit of x row t once and writes it to the rows of the token's
+// k pairs; the k inv_perm entries are loaded together (L1 broadcasts within the block), and the
+// k stores wait on nothing but the one load.
 template <class T, class I, bool kVec> __global__ void __launch_bounds__(256) copy_kernel(CopyArgs<T, I, kVec> a) {
   programmatic_prologue();  // Note [programmatic launch]
   constexpr int64_t width = kVec ? Pack<T>::n : 1;
@@ -137,12 +157,25 @@ template <class T, class I, bool kVec> __global__ void __launch_bounds__(256) co
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (u >= units) return;
   const int64_t step = int64_t(gridDim.y) * blockDim.y;
-  for (int64_t p = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; p < a.pairs; p += step) {
-    const int64_t row = int64_t(a.inv[p]), t = p / a.topk;
-    T* dst = a.out + row * a.out_stride + u * width;
+  for (int64_t t = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; t < a.tokens; t += step) {
     const T* src = a.x + t * a.x_stride + u * width;
-    if constexpr (kVec) store_pack(dst, load_pack_readonly(src));
-    else *dst = *src;
+    const I* inv = a.inv + t * a.topk;
+    using Raw = std::conditional_t<kVec, Pack<T>, T>;
+    Raw v;
+    if constexpr (kVec) v = load_pack_readonly(src);
+    else v = *src;
+    for (int64_t j0 = 0; j0 < a.topk; j0 += kCopyBatch) {
+      int64_t row[kCopyBatch];  // loaded before the first store of the batch
+#pragma unroll
+      for (int j = 0; j < kCopyBatch; ++j) row[j] = j0 + j < a.topk ? int64_t(inv[j0 + j]) : 0;
+#pragma unroll
+      for (int j = 0; j < kCopyBatch; ++j) {
+        if (j0 + j >= a.topk) break;
+        T* dst = a.out + row[j] * a.out_stride + u * width;
+        if constexpr (kVec) store_pack(dst, v);
+        else *dst = v;
+      }
+    }
   }
 }
 
@@ -261,8 +294,16 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
   // Note [plan regimes]: the time per pair steps where the one-launch path ends (H200, Qwen3-30B's
   // 128 experts, k 8: 4.9 us at 128 tokens, 23.4 at 192), so the collector keeps the two paths'
   // rows apart.
-  plan::note("sort", pairs > kSmallPairs || !small_path, double(pairs), double(kSmallPairs + 1));
-  if (pairs <= kSmallPairs && small_path) {  // one launch (small_permute_kernel)
+  // OPFORGE_CUDA_MOE_SMALL_PAIRS moves the path's end (a power of two, 256..8192), for tuning.
+  static const int64_t small_pairs = [] {
+    const int v = env_choice("OPFORGE_CUDA_MOE_SMALL_PAIRS", 256, 8192);
+    return v ? int64_t(v) : kSmallPairs;
+  }();
+  // The one-launch path's shared memory stays within the 48 KiB a launch gets without opting in.
+  const bool one_launch =
+      small_path && pairs <= small_pairs && (pairs + buckets) * int64_t(sizeof(int)) <= 48 * 1024;
+  plan::note("sort", !one_launch, double(pairs), double(small_pairs + 1));
+  if (one_launch) {  // small_permute_kernel
     auto small = [&](auto inv_tag) {
       using I = decltype(inv_tag);
       dispatch_float(p.dtype, "moe_permute", [&](auto tag) {
@@ -280,7 +321,12 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
     else small(int32_t{});
     return;
   }
-  int64_t chunk = std::max<int64_t>(1024, (pairs + 65535) / 65536);
+  // Note [sort chunks]: a chunk is ranked by one warp, one step of 32 pairs after the other, so
+  // the chunk length is the sort's critical path: 1,024-pair chunks made it 32 steps (about 20 us
+  // on an H200 at any size from 1,536 pairs on). kChunkPairs = 256 is 8 steps. The chunk is also
+  // at least the bucket count, so the B x C counts (8 bytes each) stay within twice the ids'
+  // bytes, and at most 65,536 chunks.
+  int64_t chunk = std::max({kChunkPairs, buckets, (pairs + 65535) / 65536});
   chunk = (chunk + 31) / 32 * 32;
   const int64_t chunks = (pairs + chunk - 1) / chunk, n = buckets * chunks;
   size_t cub_bytes = 0;
@@ -305,11 +351,11 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
     dispatch_float(p.dtype, "moe_permute", [&](auto tag) {
       using T = decltype(tag);
       CopyArgs<T, I, kVec> a{static_cast<T*>(p.out), static_cast<const T*>(p.x), inv, p.out_stride,
-                             p.x_stride, pairs, p.topk, p.hidden};
+                             p.x_stride, p.tokens, p.topk, p.hidden};
       const int64_t units = p.hidden / (kVec ? Pack<T>::n : 1);
       const dim3 block = rows_block(units);
       const dim3 grid(unsigned((units + block.x - 1) / block.x),
-                      unsigned(std::min<int64_t>((pairs + block.y - 1) / block.y, 65535)));
+                      unsigned(std::min<int64_t>((p.tokens + block.y - 1) / block.y, 65535)));
       launch_programmatic(ctx, "moe_permute copy kernel launch", copy_kernel<T, I, kVec>, grid, block, 0, a);
     });
   };
