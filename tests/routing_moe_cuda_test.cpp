@@ -115,10 +115,10 @@ TEST(CudaMoe, PermuteOutOfRangeIdsGoLastInPairOrder) {
 }
 
 // Note [plan regimes]: the launch notes which path it took, so that the collector keeps the rows of
-// the one-launch path (pairs <= 1024) and of the sort path apart.
+// the one-launch path (pairs <= 4096) and of the sort path apart.
 TEST(CudaMoe, PermuteNotesItsPath) {
   REQUIRE_CUDA();
-  for (int64_t T : {int64_t(128), int64_t(129)}) {
+  for (int64_t T : {int64_t(512), int64_t(513)}) {
     const int64_t k = 8, E = 128, H = 16, pairs = T * k;
     std::vector<double> ids(static_cast<size_t>(pairs));
     for (int64_t p = 0; p < pairs; ++p) ids[size_t(p)] = double(p % E);
@@ -131,15 +131,15 @@ TEST(CudaMoe, PermuteNotesItsPath) {
     const std::vector<plan::Decision> d = rec.decisions();
     ASSERT_EQ(d.size(), 1u);
     EXPECT_EQ(d[0].key, "sort");
-    EXPECT_EQ(d[0].on, pairs > 1024) << pairs;
+    EXPECT_EQ(d[0].on, pairs > 4096) << pairs;
     EXPECT_EQ(d[0].value, double(pairs));
-    EXPECT_EQ(d[0].threshold, 1025.0);
+    EXPECT_EQ(d[0].threshold, 4097.0);
   }
 }
 
-// The one-launch path (cuda_moe.cu's kSmallPairs = 1024: pairs <= 1024) and the sort path just
-// above it must give the same bits: pairs = 1, 128 (16 tokens x 8), 1024 (128 x 8 and 1024 x 1:
-// exactly kSmallPairs), 1025 (kSmallPairs + 1) and 1032 (129 x 8). Ids: every pair to one expert
+// The one-launch path (cuda_moe.cu's kSmallPairs = 4096: pairs <= 4096) and the sort path just
+// above it must give the same bits: pairs = 1, 128 (16 tokens x 8), 4096 (512 x 8 and 4096 x 1:
+// exactly kSmallPairs), 4097 (kSmallPairs + 1) and 4104 (513 x 8). Ids: every pair to one expert
 // (the stable order is all that decides the rows), four experts with every 37th id out of range
 // (-1, E, E + 5, INT32_MIN, INT32_MAX; pair 0 among them), every id out of range, and 4095 experts
 // (the most buckets, 4096) with repeats. Both kernels, f32 and bf16, i32 and i64 inv_perm, hidden
@@ -153,7 +153,7 @@ TEST(CudaMoe, PermuteSmallPathMatchesReferenceAcrossItsLimit) {
   struct Shape2 {
     int64_t T, k;
   };
-  const Shape2 shapes[] = {{1, 1}, {16, 8}, {128, 8}, {1024, 1}, {1025, 1}, {129, 8}};
+  const Shape2 shapes[] = {{1, 1}, {16, 8}, {512, 8}, {4096, 1}, {4097, 1}, {513, 8}};
   const double out_of_range[] = {-1.0, 0.0 /* E */, 5.0 /* E + 5 */, -2147483648.0, 2147483647.0};
   for (const Shape2& s : shapes)
     for (int pattern = 0; pattern < 4; ++pattern) {

@@ -13,8 +13,7 @@
 //    (hidden 16384 bf16, 8192 f32). Needs 16-byte aligned pointers, hidden and row strides
 //    multiples of the pack and w contiguous (the predicate returns the reason otherwise).
 //  - cuda (priority 100): any layout the op's check accepts. One block per row, scalar loads, two
-//    passes over the row (the second pass hits L1/L2), kScalarBatch columns a thread in flight
-//    (Note [scalar row batches]).
+//    passes over the row (the second pass hits L1/L2).
 //  Both accumulate in f32 and round once at the end; int64 indexing throughout (row * row_stride);
 //  one launch on ctx.stream, no host synchronization and no allocation; the forward kernels are
 //  launched programmatically (Note [programmatic launch] in cuda_launch.cuh).
@@ -38,47 +37,16 @@ template <class T> __device__ __forceinline__ float rstd_from(float sum_sq, cons
 }
 
 // ---- scalar kernel ---------------------------------------------------------------------------------
-// Note [scalar row batches]: a thread takes kScalarBatch columns of its row per step, all loads of
-// the step issued before the first store (a store that may alias x, as s and y may, keeps the
-// compiler from moving a later load above it), so a step costs one memory round trip rather than
-// kScalarBatch of them. One column per step made a row of 8,192 bf16 (512 threads, 16 columns a
-// thread) 16 round trips long: 7.4 us for one row on an H200, and a step in the time from 512 to
-// 768 rows (one to two waves of blocks) of 15.6 to 29.4 us.
-constexpr int kScalarBatch = 8;
-
-// First pass of one row: s = round(x + r) written once (fused), sum of squares returned. s may
-// alias r, so the second pass reads s back.
-template <class T, bool kFused> __device__ __forceinline__ float row_sum_sq(const FwdArgs<T>& a, int64_t row) {
-  const T* x = a.x + row * a.x_stride;
-  float sum_sq = 0.0f;
-  for (int64_t c0 = threadIdx.x; c0 < a.hidden; c0 += int64_t(kScalarBatch) * blockDim.x) {
-    float v[kScalarBatch];
-#pragma unroll
-    for (int u = 0; u < kScalarBatch; ++u) {
-      const int64_t c = c0 + int64_t(u) * blockDim.x;
-      v[u] = c < a.hidden ? to_f32(x[c]) : 0.0f;
-    }
-    if constexpr (kFused) {
-      const T* r = a.r + row * a.r_stride;
-      T* s = a.s + row * a.s_stride;
-      float rv[kScalarBatch];
-#pragma unroll
-      for (int u = 0; u < kScalarBatch; ++u) {
-        const int64_t c = c0 + int64_t(u) * blockDim.x;
-        rv[u] = c < a.hidden ? to_f32(r[c]) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kScalarBatch; ++u) {
-        const int64_t c = c0 + int64_t(u) * blockDim.x;
-        const T sum = from_f32<T>(v[u] + rv[u]);
-        v[u] = to_f32(sum);
-        if (c < a.hidden) s[c] = sum;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kScalarBatch; ++u) sum_sq += v[u] * v[u];  // past the end: 0
+// s = round(x + r) written once; the second pass reads s back (s may alias r, so r is gone).
+template <class T, bool kFused>
+__device__ __forceinline__ float input_at(const FwdArgs<T>& a, int64_t row, int64_t c) {
+  if constexpr (kFused) {
+    const T s = from_f32<T>(to_f32(a.x[row * a.x_stride + c]) + to_f32(a.r[row * a.r_stride + c]));
+    a.s[row * a.s_stride + c] = s;
+    return to_f32(s);
+  } else {
+    return to_f32(a.x[row * a.x_stride + c]);
   }
-  return sum_sq;
 }
 
 template <class T, bool kFused>
@@ -86,22 +54,17 @@ __global__ void __launch_bounds__(512) rms_norm_rows_kernel(FwdArgs<T> a) {
   __shared__ float scratch[32];
   programmatic_prologue();  // Note [programmatic launch]
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    const float rstd = rstd_from(block_sum(row_sum_sq<T, kFused>(a, row), scratch), a);
+    float sum_sq = 0.0f;
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+      const float v = input_at<T, kFused>(a, row, c);
+      sum_sq += v * v;
+    }
+    const float rstd = rstd_from(block_sum(sum_sq, scratch), a);
     const T* src = kFused ? a.s + row * a.s_stride : a.x + row * a.x_stride;
     T* y = a.y + row * a.y_stride;
-    for (int64_t c0 = threadIdx.x; c0 < a.hidden; c0 += int64_t(kScalarBatch) * blockDim.x) {
-      float v[kScalarBatch], wv[kScalarBatch];
-#pragma unroll
-      for (int u = 0; u < kScalarBatch; ++u) {
-        const int64_t c = c0 + int64_t(u) * blockDim.x;
-        v[u] = c < a.hidden ? to_f32(src[c]) : 0.0f;
-        wv[u] = c < a.hidden ? to_f32(a.w[c * a.w_stride]) + a.offset : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kScalarBatch; ++u) {
-        const int64_t c = c0 + int64_t(u) * blockDim.x;
-        if (c < a.hidden) y[c] = from_f32<T>(v[u] * rstd * wv[u]);
-      }
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+      const float wv = to_f32(a.w[c * a.w_stride]) + a.offset;
+      y[c] = from_f32<T>(to_f32(src[c]) * rstd * wv);
     }
   }
 }

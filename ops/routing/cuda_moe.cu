@@ -30,7 +30,7 @@
 //   Scratch (counts, bases, CUB's temporary storage) is the per-stream workspace (Note [cuda
 //   workspace]); no allocation after the first call of a size, no host synchronization. Buckets
 //   <= 4096 (32 KiB of shared cursors): the predicate says "more than 4095 experts".
-//   Small problems: up to kSmallPairs = 1024 pairs (16 tokens x top-8 is 128) the four launches
+//   Small problems: up to kSmallPairs = 4096 pairs (16 tokens x top-8 is 128) the four launches
 //   (8.3 us at 128 pairs, hidden 2048 bf16 on an H200, nearly all launch latency) are one:
 //   small_permute_kernel, 128-thread blocks of 4 warps, one warp per pair. Every block puts the
 //   buckets of all pairs in shared memory; the warp of pair p counts rank(p) = #(q: bucket(q) <
@@ -66,10 +66,13 @@ namespace {
 constexpr int64_t kMaxBuckets = 4096;
 
 // The one-launch path up to kSmallPairs pairs (small_permute_kernel). Every block reads all ids,
-// so the id traffic is pairs^2 / kSmallWarps * 4 bytes (1 MiB at 1024 pairs, a quarter of the
-// rows' 4 MiB at hidden 2048 bf16, and L2 hits) and a warp's rank takes pairs / 32 ballot steps (32 at 1024):
-// both grow with pairs^2 while the launches saved stay 3.
-constexpr int64_t kSmallPairs = 1024;
+// so the id traffic is pairs^2 / kSmallWarps * 4 bytes (16 MiB at 4096 pairs, L2 hits) and a
+// warp's rank takes pairs / 32 ballot steps (128 at 4096): both grow with pairs^2, while the sort
+// path costs four launches and a chain of dependent steps. Measured on an H200, bf16, the paths
+// side by side (us, one-launch / sort): 128 experts k 8 hidden 2048, 2048 pairs 7.8 / 12.3, 3072
+// 11.2 / 13.7, 4096 14.0 / 15.1, 6144 23.4 / 17.6, 8192 38.9 / 20.8; 8 experts k 2 hidden 4096,
+// 3072 pairs 16.9 / 18.0, 4096 20.6 / 21.3 (docs/perf/gpu-h200-2026-12-03-round44.md).
+constexpr int64_t kSmallPairs = 4096;
 // 128-thread blocks (4 pairs each: 32 blocks at 128 pairs, spread over as many SMs), a lane's
 // loads kSmallBatch at a time.
 constexpr int kSmallThreads = 128, kSmallWarps = kSmallThreads / 32;  // one warp per pair
@@ -89,6 +92,7 @@ __device__ __forceinline__ int bucket_of(int32_t id, int experts) {
 __global__ void __launch_bounds__(256) count_kernel(const int32_t* ids, int64_t pairs, int64_t chunk,
                                                     int experts, int64_t chunks, int64_t* counts) {
   extern __shared__ int shared_counts[];
+  programmatic_prologue();  // Note [programmatic launch]
   const int buckets = experts + 1;
   for (int b = threadIdx.x; b < buckets; b += blockDim.x) shared_counts[b] = 0;
   __syncthreads();
@@ -104,6 +108,7 @@ __global__ void __launch_bounds__(32) rank_kernel(const int32_t* ids, int64_t pa
                                                   int experts, int64_t chunks, const int64_t* bases,
                                                   I* inv, int64_t* offsets) {
   extern __shared__ int64_t cursor[];
+  programmatic_prologue();  // Note [programmatic launch]
   const int buckets = experts + 1, lane = threadIdx.x;
   const int64_t c = blockIdx.x;
   for (int b = lane; b < buckets; b += 32) {
@@ -336,17 +341,16 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
   char* scratch = static_cast<char*>(cuda_workspace(ctx, 2 * part + int64_t(cub_bytes)));
   auto* counts = reinterpret_cast<int64_t*>(scratch);
   auto* bases = reinterpret_cast<int64_t*>(scratch + part);
-  count_kernel<<<unsigned(chunks), 256, size_t(buckets) * sizeof(int), stream>>>(
-      p.ids, pairs, chunk, int(p.experts), chunks, counts);
-  check_launch("moe_permute count kernel launch");
+  launch_programmatic(ctx, "moe_permute count kernel launch", count_kernel, dim3(unsigned(chunks)), dim3(256),
+                      size_t(buckets) * sizeof(int), p.ids, pairs, chunk, int(p.experts), chunks, counts);
   OPFORGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scratch + 2 * part, cub_bytes, counts, bases, int(n), stream));
 
   auto rest = [&](auto inv_tag) {
     using I = decltype(inv_tag);
     I* inv = static_cast<I*>(p.inv);
-    rank_kernel<I><<<unsigned(chunks), 32, size_t(buckets) * sizeof(int64_t), stream>>>(
-        p.ids, pairs, chunk, int(p.experts), chunks, bases, inv, p.offsets);
-    check_launch("moe_permute rank kernel launch");
+    launch_programmatic(ctx, "moe_permute rank kernel launch", rank_kernel<I>, dim3(unsigned(chunks)), dim3(32),
+                        size_t(buckets) * sizeof(int64_t), p.ids, pairs, chunk, int(p.experts), chunks,
+                        static_cast<const int64_t*>(bases), inv, p.offsets);
     if (p.hidden == 0) return;
     dispatch_float(p.dtype, "moe_permute", [&](auto tag) {
       using T = decltype(tag);
@@ -502,10 +506,10 @@ const char* moe_unpermute_cuda_vec16_applicable(const TV& y, const TV& expert_ou
 
 void register_moe_cuda(Registry& reg) {
   reg.add_kernel<MoePermute>(
-      cuda_kernel_desc("cuda_vec16", 200, "stable counting sort (one launch up to 1024 pairs; else chunk counts, CUB scan, warp ranks), 16-byte row copies", false),
+      cuda_kernel_desc("cuda_vec16", 200, "stable counting sort (one launch up to 4096 pairs; else chunk counts, CUB scan, warp ranks), 16-byte row copies", false),
       &moe_permute_cuda_vec16, &moe_permute_cuda_vec16_applicable);
   reg.add_kernel<MoePermute>(
-      cuda_kernel_desc("cuda", 100, "stable counting sort (one launch up to 1024 pairs; else chunk counts, CUB scan, warp ranks), element row copies", false),
+      cuda_kernel_desc("cuda", 100, "stable counting sort (one launch up to 4096 pairs; else chunk counts, CUB scan, warp ranks), element row copies", false),
       &moe_permute_cuda, &moe_permute_cuda_applicable);
   reg.add_kernel<MoeUnpermute>(
       cuda_kernel_desc("cuda_vec16", 200, "one block per token, 16-byte loads, f32 weighted sum in j order", false),

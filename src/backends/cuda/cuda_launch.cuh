@@ -115,8 +115,8 @@ void launch_cooperative(const Context& ctx, const char* what, void (*kernel)(Par
 // it launch early: another opforge kernel of this kind, or any kernel's end. Launched this way:
 // the norm forwards and backwards (with their dw reductions), layer_norm, the activations
 // (forward and backward), rotary, topk_softmax, grouped_topk, quant_fp8, softmax,
-// cross_entropy, kl_div / jsd / tvd, the losses' row reductions, embedding's gather, moe_permute's
-// one-launch path and copy, moe_unpermute, and the norm backward's few-row cluster (launch_cluster).
+// cross_entropy, kl_div / jsd / tvd, the losses' row reductions, embedding's gather, moe_permute
+// (its kernels but CUB's scan), moe_unpermute, and the norm backward's few-row cluster (launch_cluster).
 // Cooperative launches too (launch_cooperative: softmax's split rows, per-tensor quant, the
 // one-launch norm and layer_norm backwards): their blocks still wait in the prologue until the
 // grid before has completed, and the grid after is launched only once every block of theirs has
