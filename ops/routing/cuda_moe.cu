@@ -296,9 +296,9 @@ void run_permute(const Context& ctx, const TensorView& permuted, const TensorVie
   }
   // OPFORGE_CUDA_MOE_SMALL=0 turns the one-launch path off, for side-by-side timing.
   static const bool small_path = !env_off("OPFORGE_CUDA_MOE_SMALL");
-  // Note [plan regimes]: the time per pair steps where the one-launch path ends (H200, Qwen3-30B's
-  // 128 experts, k 8: 4.9 us at 128 tokens, 23.4 at 192), so the collector keeps the two paths'
-  // rows apart.
+  // Note [plan regimes]: the time per pair changes where the one-launch path ends (H200, Qwen3-30B's
+  // 128 experts, k 8, hidden 2048: 14.0 us at 512 tokens, 16.9 at 768, the sort's launches and
+  // chain of steps), so the collector keeps the two paths' rows apart.
   // OPFORGE_CUDA_MOE_SMALL_PAIRS moves the path's end (a power of two, 256..8192), for tuning.
   static const int64_t small_pairs = [] {
     const int v = env_choice("OPFORGE_CUDA_MOE_SMALL_PAIRS", 256, 8192);
