@@ -316,6 +316,23 @@ TEST(NormCpu, StreamingStoresMatchPlainStores) {
     group_norm_cpu(kCtx, TensorView(ys.data(), t, Shape{4, 8, 128}), TensorView(xs.data(), t, Shape{4, 8, 128}),
                    gw, gb, 4, 1e-5);
     EXPECT_TRUE(same_bytes(head(y), ys));
+    // rms_norm_gated over rows of 1,056 (64-byte aligned in every dtype): groups of 24 (48 or 96
+    // bytes) start on and off the vector boundary, so whole vectors take both kinds of store;
+    // groups of the whole row stream every whole vector.
+    const int64_t gh = 1056, grows = threshold / (gh * dtype_size(t)) + 8;
+    Tensor gx = random({grows, gh}, t, 8), gz = random({grows, gh}, t, 9), gwt = random({gh}, t, 10, true);
+    Tensor gy = make({grows, gh}, t), gxs = make({4, gh}, t), gzs = make({4, gh}, t), gys = make({4, gh}, t);
+    std::memcpy(gxs.data(), gx.data(), size_t(gxs.nbytes()));
+    std::memcpy(gzs.data(), gz.data(), size_t(gzs.nbytes()));
+    for (int64_t group : {int64_t(24), int64_t(0)})
+      for (bool norm_first : {false, true}) {
+        SCOPED_TRACE("rms_norm_gated group " + std::to_string(group) + (norm_first ? " norm first" : ""));
+        rms_norm_gated_cpu(kCtx, gy, gx, gz, gwt, 1e-5, group, norm_first, "silu");
+        rms_norm_gated_cpu(kCtx, gys, gxs, gzs, gwt, 1e-5, group, norm_first, "silu");
+        Tensor gyh = make({4, gh}, t);
+        std::memcpy(gyh.data(), gy.data(), size_t(gyh.nbytes()));
+        EXPECT_TRUE(same_bytes(gyh, gys));
+      }
   }
   cpu::set_l3_bytes_for_testing(saved);
 }

@@ -76,13 +76,17 @@ template <class T> void widen_row(const T* w, float* out, int64_t n) {
 }
 
 // ---- rms_norm_gated ---------------------------------------------------------------------------
-// One forward row. Pass 1 per group: u = x * act(z) (or x), sum of u^2; u and act(z) go to the
-// scratch rows. Pass 2: y = u * rstd * w (* act(z) when the norm comes first). y may alias x:
-// pass 2 does not read x.
-template <class T>
+// One forward row. Pass 1 per group: u = x * act(z) (or x), sum of u^2; u (and act(z) when the
+// norm comes first) go to the scratch rows. Pass 2: y = u * rstd * w (* act(z) when the norm comes
+// first). y may alias x: pass 2 does not read x. kStream: pass 2 writes y's whole vectors that
+// start on a vector of their own bytes by non-temporal stores (Note [streaming stores]; a group
+// of any size may start off that boundary, so the test is per vector), the rest by plain stores.
+template <class T, bool kStream>
 void gated_forward_row(const GatedNormRows& a, const T* x, const T* z, const float* gain, T* y,
                        float* u_row, float* act_row) {
   const DF d;
+  const size_t lanes = hn::Lanes(d);
+  const uintptr_t vector_bytes = uintptr_t(lanes * sizeof(T));
   for (int64_t start = 0; start < a.hidden; start += a.group) {
     VF acc = hn::Zero(d);
     for_each_vector(a.group, [&](int64_t k, size_t count) {
@@ -91,7 +95,7 @@ void gated_forward_row(const GatedNormRows& a, const T* x, const T* z, const flo
       const VF u = a.norm_before_gate ? xv : hn::Mul(xv, act);
       acc = hn::MulAdd(u, u, acc);
       store_n(u, u_row + i, count);
-      store_n(act, act_row + i, count);
+      if (a.norm_before_gate) store_n(act, act_row + i, count);
     });
     const float rstd = 1.0f / std::sqrt(sum_lanes(acc) / float(a.group) + a.eps);
     const VF vr = hn::Set(d, rstd);
@@ -99,28 +103,37 @@ void gated_forward_row(const GatedNormRows& a, const T* x, const T* z, const flo
       const int64_t i = start + k;
       VF out = hn::Mul(hn::Mul(load_n(u_row + i, count), vr), load_n(gain + i, count));
       if (a.norm_before_gate) out = hn::Mul(out, load_n(act_row + i, count));
+      if constexpr (kStream) {
+        if (count == lanes && reinterpret_cast<uintptr_t>(y + i) % vector_bytes == 0) return store<true>(out, y + i);
+      }
       store_n(out, y + i, count);
     });
   }
 }
 
-template <class T> void gated_forward_typed(const GatedNormRows& a, int64_t begin, int64_t end) {
+template <class T, bool kStream> void gated_forward_typed(const GatedNormRows& a, int64_t begin, int64_t end) {
   const size_t n = size_t(a.hidden);
   std::unique_ptr<float[]> scratch(new float[3 * n]);
   float *gain = scratch.get(), *u_row = gain + n, *act_row = u_row + n;
   widen_row(static_cast<const T*>(a.w), gain, a.hidden);
   for (int64_t row = begin; row < end; ++row) {
-    gated_forward_row<T>(a, static_cast<const T*>(a.x) + row * a.x_stride,
-                         static_cast<const T*>(a.z) + row * a.z_stride, gain,
-                         static_cast<T*>(a.y) + row * a.y_stride, u_row, act_row);
+    gated_forward_row<T, kStream>(a, static_cast<const T*>(a.x) + row * a.x_stride,
+                                  static_cast<const T*>(a.z) + row * a.z_stride, gain,
+                                  static_cast<T*>(a.y) + row * a.y_stride, u_row, act_row);
   }
+  if constexpr (kStream) hwy::FlushStream();
+}
+
+template <class T> void gated_forward_for(const GatedNormRows& a, int64_t begin, int64_t end) {
+  if (a.stream) gated_forward_typed<T, true>(a, begin, end);
+  else gated_forward_typed<T, false>(a, begin, end);
 }
 
 void gated_forward_rows(const GatedNormRows& a, int64_t begin, int64_t end) {
   switch (a.dtype) {
-    case DType::bf16: return gated_forward_typed<bf16_t>(a, begin, end);
-    case DType::f16: return gated_forward_typed<f16_t>(a, begin, end);
-    default: return gated_forward_typed<float>(a, begin, end);
+    case DType::bf16: return gated_forward_for<bf16_t>(a, begin, end);
+    case DType::f16: return gated_forward_for<f16_t>(a, begin, end);
+    default: return gated_forward_for<float>(a, begin, end);
   }
 }
 
@@ -418,6 +431,7 @@ void rms_norm_gated_cpu(const Context&, const TensorView& y, const TensorView& x
   GatedNormRows a = gated_norm_rows(x, z, w, eps, group_size, norm_before_gate, activation);
   a.y = y.data;
   a.y_stride = y.row_stride();
+  a.stream = cpu::stream_outputs(3 * bytes_of(x), {&y});
   // x, z, y of the dtype, u and act(z) in f32 scratch.
   const cpu::RowTasks tasks = row_tasks(x, 3 * x.itemsize() + 8);
   auto* fn = HWY_DYNAMIC_DISPATCH(norm_variants_cpu::gated_forward_rows);

@@ -170,6 +170,7 @@ struct GatedNormRows {
   int64_t hidden = 0, group = 0;
   float eps = 0;
   bool norm_before_gate = false, sigmoid_gate = false;
+  bool stream = false;  // the forward's y by non-temporal stores (Note [streaming stores])
   const void *x = nullptr, *z = nullptr, *w = nullptr, *dy = nullptr;
   int64_t x_stride = 0, z_stride = 0, dy_stride = 0;
   void *y = nullptr, *dx = nullptr, *dz = nullptr;
