@@ -316,6 +316,11 @@ TEST(NormCpu, StreamingStoresMatchPlainStores) {
     group_norm_cpu(kCtx, TensorView(ys.data(), t, Shape{4, 8, 128}), TensorView(xs.data(), t, Shape{4, 8, 128}),
                    gw, gb, 4, 1e-5);
     EXPECT_TRUE(same_bytes(head(y), ys));
+    // poly_norm_backward streams dx
+    Tensor pw = random({3}, t, 11, true), pdw = make({3}, t), pdb = make({1}, t), pdws = make({3}, t), pdbs = make({1}, t);
+    poly_norm_backward_cpu(kCtx, y, pdw, pdb, dy, x, pw, 1e-6);
+    poly_norm_backward_cpu(kCtx, ys, pdws, pdbs, dys, xs, pw, 1e-6);
+    EXPECT_TRUE(same_bytes(head(y), ys));
     // rms_norm_gated over rows of 1,056 (64-byte aligned in every dtype): groups of 24 (48 or 96
     // bytes) start on and off the vector boundary, so whole vectors take both kinds of store;
     // groups of the whole row stream every whole vector.

@@ -12,6 +12,9 @@
 //   (one exp per element and pass), which costs less than two more scratch rows would.
 // - poly_norm: the three sums of squares (x^2, x^4, x^6) in one pass, then y by Horner's rule
 //   with the per-row coefficients w_p * rstd_p folded in: 3 multiply-adds per element.
+// - Past the cache share (Note [streaming stores]) y of rms_norm_gated and poly_norm and dx of
+//   poly_norm_backward leave by non-temporal stores; poly_norm's second passes (forward and
+//   backward) prefetch the next row for the first (Note [row prefetch]).
 // - OpenMP over tasks of rows sized by capacity_block (Note [tiling]); dw / db of the backward ops
 //   are reduced per chunk of rows (a fixed count from Note [tiling]) and the chunk partials added
 //   in chunk order: deterministic and independent of the thread count.
@@ -308,9 +311,13 @@ void poly_forward_rows(const PolyRows& a, int64_t begin, int64_t end) {
   else poly_forward_for<false>(a, begin, end);
 }
 
-// One backward row: dx, and the row's r_p * S_p and sum(dy) added to `partial`.
-template <class T>
-void poly_backward_row(const PolyRows& a, const T* x, const T* dy, T* dx, PolyPartial& partial) {
+// One backward row: dx, and the row's r_p * S_p and sum(dy) added to `partial`. Pass 2 goes in
+// pair steps like the forward's: it prefetches the next row of x and dy for pass 1 (16-bit data,
+// Note [row prefetch]) and, past the cache share, writes dx by streaming stores (kStream).
+template <class T, bool kStream>
+void poly_backward_row(const PolyRows& a, const T* x, const T* dy, T* dx, const T* next_x, const T* next_dy,
+                       PolyPartial& partial) {
+  constexpr bool kPrefetch = sizeof(T) == 2;
   const DF d;
   double q[7];  // sums of x^2, x^4, x^6, dy x, dy x^2, dy x^3, dy
   blocked_sums<7>(a.hidden, q, [&](int64_t i, size_t count, VF(&acc)[7]) {
@@ -337,30 +344,51 @@ void poly_backward_row(const PolyRows& a, const T* x, const T* dy, T* dx, PolyPa
   const VF b1 = hn::Set(d, w1 / n * r.r1 * r.r1 * r.r1 * s1);
   const VF b2 = hn::Set(d, w2 * 2 / n * r.r2 * r.r2 * r.r2 * s2);
   const VF b3 = hn::Set(d, w3 * 3 / n * r.r3 * r.r3 * r.r3 * s3);
-  for_each_vector(a.hidden, [&](int64_t i, size_t count) {
-    const VF v = load_n(x + i, count), g = load_n(dy + i, count), v2 = hn::Mul(v, v);
+  auto grad = [&](VF v, VF g) {
+    const VF v2 = hn::Mul(v, v);
     const VF up = hn::Mul(g, hn::MulAdd(hn::MulAdd(a3, v, a2), v, a1));
     const VF down = hn::Mul(v, hn::MulAdd(hn::MulAdd(b3, v2, b2), v2, b1));
-    store_n(hn::Sub(up, down), dx + i, count);
-  });
+    return hn::Sub(up, down);
+  };
+  for_each_pair(
+      a.hidden,
+      [&](int64_t i) {
+        if constexpr (kPrefetch) {
+          prefetch_step(next_x + i);
+          prefetch_step(next_dy + i);
+        }
+        VF va, vb, ga, gb;
+        load_pair(x + i, va, vb);
+        load_pair(dy + i, ga, gb);
+        store_pair<kStream>(grad(va, ga), grad(vb, gb), dx + i);
+      },
+      [&](int64_t i, size_t count) { store_n(grad(load_n(x + i, count), load_n(dy + i, count)), dx + i, count); });
 }
 
-template <class T>
+template <class T, bool kStream>
 void poly_backward_typed(const PolyRows& a, int64_t begin, int64_t end, PolyPartial* partial) {
   *partial = PolyPartial{};
   for (int64_t row = begin; row < end; ++row) {
-    poly_backward_row<T>(a, static_cast<const T*>(a.x) + row * a.x_stride,
-                         static_cast<const T*>(a.dy) + row * a.dy_stride,
-                         static_cast<T*>(a.dx) + row * a.dx_stride, *partial);
+    const T* x = static_cast<const T*>(a.x) + row * a.x_stride;
+    const T* dy = static_cast<const T*>(a.dy) + row * a.dy_stride;
+    const bool last = row + 1 >= a.rows;
+    poly_backward_row<T, kStream>(a, x, dy, static_cast<T*>(a.dx) + row * a.dx_stride, last ? x : x + a.x_stride,
+                                  last ? dy : dy + a.dy_stride, *partial);
+  }
+  if constexpr (kStream) hwy::FlushStream();
+}
+
+template <bool kStream> void poly_backward_for(const PolyRows& a, int64_t begin, int64_t end, PolyPartial* partial) {
+  switch (a.dtype) {
+    case DType::bf16: return poly_backward_typed<bf16_t, kStream>(a, begin, end, partial);
+    case DType::f16: return poly_backward_typed<f16_t, kStream>(a, begin, end, partial);
+    default: return poly_backward_typed<float, kStream>(a, begin, end, partial);
   }
 }
 
 void poly_backward_chunk(const PolyRows& a, int64_t begin, int64_t end, PolyPartial* partial) {
-  switch (a.dtype) {
-    case DType::bf16: return poly_backward_typed<bf16_t>(a, begin, end, partial);
-    case DType::f16: return poly_backward_typed<f16_t>(a, begin, end, partial);
-    default: return poly_backward_typed<float>(a, begin, end, partial);
-  }
+  if (a.stream) poly_backward_for<true>(a, begin, end, partial);
+  else poly_backward_for<false>(a, begin, end, partial);
 }
 
 }  // namespace opforge::norm_variants_cpu::HWY_NAMESPACE
@@ -490,6 +518,8 @@ void poly_norm_backward_cpu(const Context&, const TensorView& dx, const TensorVi
   a.dy_stride = dy.row_stride();
   a.dx = dx.data;
   a.dx_stride = dx.row_stride();
+  a.rows = x.rows();
+  a.stream = cpu::stream_outputs(3 * bytes_of(x), {&dx});
   const cpu::RowTasks chunks = row_tasks(x, 3 * x.itemsize());
   std::vector<PolyPartial> partials(size_t(chunks.count()));
   auto* chunk_fn = HWY_DYNAMIC_DISPATCH(norm_variants_cpu::poly_backward_chunk);

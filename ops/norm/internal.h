@@ -186,8 +186,8 @@ struct PolyRows {
   int64_t x_stride = 0, dy_stride = 0;
   void *y = nullptr, *dx = nullptr;
   int64_t y_stride = 0, dx_stride = 0;
-  int64_t rows = 0;     // the forward's rows (the last one prefetches nothing past the call)
-  bool stream = false;  // the forward's y by streaming stores (Note [streaming stores])
+  int64_t rows = 0;     // the rows (the last one prefetches nothing past the call)
+  bool stream = false;  // y (forward) or dx (backward) by streaming stores (Note [streaming stores])
 };
 
 // Per-chunk sums of poly_norm_backward: r_p * S_p for p = 1, 2, 3, and sum(dy).
