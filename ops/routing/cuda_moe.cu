@@ -20,9 +20,9 @@
 //      pairs 32 at a time in increasing p (their ids loaded 8 steps ahead: Note [rank batches]),
 //      __match_any_sync groups the lanes of equal bucket, a lane's row is its bucket's cursor +
 //      the number of lower lanes in its group, and the group's highest lane advances the cursor
-//      by the group's size. So the row of p is the bucket start
-//      + the number of earlier pairs of its bucket: the stable order. inv_perm[p] = row; chunk 0
-//      also writes expert_offsets[b] = bases[b * C] for b = 0..E.
+//      by the group's size. So the row of p is the bucket start + the number of earlier pairs of
+//      its bucket: the stable order. inv_perm[p] = row; chunk 0 also writes expert_offsets[b] =
+//      bases[b * C] for b = 0..E.
 //   4. copy_kernel: the rows, token-major. 2-D blocks of 256 threads, x over the row's units
 //      (16-byte packs for cuda_vec16, single elements for cuda), y over tokens (grid y capped at
 //      65535 with a token stride loop); a thread reads its unit of x row t once and stores it to
