@@ -22,6 +22,7 @@
 namespace fs = std::filesystem;
 using namespace opforge;
 using namespace opforge::model;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -286,6 +287,69 @@ TEST(DecoderLayer, SlidingWindowAttentionIsTheMeanLayer) {
     const EstimateRow& r = *std::find_if(rows.begin(), rows.end(), [](const EstimateRow& x) { return x.call.name == "attention_local"; });
     if (w.phase == Phase::prefill) EXPECT_THAT(r.answer.how, HasSubstr("sliding window"));
   }
+}
+
+// Note [missing fields]: the published Gemma 3 multimodal files leave heads, head_dim and vocab to
+// Gemma3TextConfig's defaults; Gemma 2 and Qwen3 have a head_dim default that is not hidden / heads.
+TEST(ModelConfig, MissingFieldsTakeTheFamilyDefaults) {
+  const std::string gemma3 = R"({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {)";
+  ModelSpec g4 = parse_model_config(gemma3 + R"("hidden_size": 2560, "intermediate_size": 10240,
+    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}})",
+                                    "gemma-3-4b.json");
+  EXPECT_EQ(g4.heads, 8);
+  EXPECT_EQ(g4.kv_heads, 4);
+  EXPECT_EQ(g4.head_dim, 256);
+  EXPECT_EQ(g4.vocab, 262208);
+  EXPECT_EQ(g4.window_layers, 29);
+  EXPECT_EQ(g4.defaulted, (std::vector<std::string>{"num_attention_heads 8", "num_key_value_heads 4", "head_dim 256",
+                                                    "vocab_size 262208"}));
+  ModelSpec g12 = parse_model_config(gemma3 + R"("hidden_size": 3840, "intermediate_size": 15360,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 48, "sliding_window": 1024}})", "g12.json");
+  EXPECT_EQ(g12.head_dim, 256);  // not 3840 / 16
+  EXPECT_EQ(find(decoder_layer(g12, Workload::prefill(1, 16, 2)), "qkv_proj").dims,
+            (perfdb::Dims{{"tokens", 16}, {"n", (8 + 2 * 4) * 256}, {"k", 3840}}));
+  // a layer_types list without the window: Gemma's default window
+  ModelSpec typed = parse_model_config(gemma3 + R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention"]}})", "typed.json");
+  EXPECT_EQ(typed.sliding_window, 4096);
+  EXPECT_EQ(typed.window_layers, 1);
+  const std::string dims = R"("hidden_size": 2560, "intermediate_size": 9728, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "num_hidden_layers": 4, "vocab_size": 1000})";
+  auto parse = [&](const char* arch) { return parse_model_config(R"({"architectures": [")" + std::string(arch) + R"("], )" + dims, "x.json"); };
+  EXPECT_EQ(parse("Qwen3ForCausalLM").head_dim, 128);  // Qwen3-4B: not 2560 / 32
+  EXPECT_EQ(parse("Gemma2ForCausalLM").head_dim, 256);
+  EXPECT_EQ(parse("LlamaForCausalLM").head_dim, 80);
+  EXPECT_TRUE(parse("LlamaForCausalLM").defaulted.empty());
+  // Qwen3MoeConfig's norm_topk_prob is false unless the file says so
+  EXPECT_FALSE(parse_model_config(kTinyMoe, "tiny-moe.json").norm_topk_prob);
+}
+
+// Note [size limits]: sizes whose products would wrap int64 are errors naming the fields or flags.
+TEST(ModelConfig, HugeSizesAreErrorsNamingThem) {
+  auto cfg = [](const std::string& hidden, const std::string& vocab) {
+    return R"({"architectures": ["LlamaForCausalLM"], "hidden_size": )" + hidden + R"(, "intermediate_size": 128,
+      "num_attention_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": )" + vocab + "}";
+  };
+  EXPECT_THAT(error_of([&] { parse_model_config(cfg("4611686018427387904", "100"), "h.json"); }),
+              AllOf(HasSubstr("hidden_size 4611686018427387904"), HasSubstr("h.json")));
+  EXPECT_THAT(error_of([&] { parse_model_config(cfg("64", "4611686018427387904"), "v.json"); }), HasSubstr("vocab_size"));
+  EXPECT_THAT(error_of([&] { parse_model_config(cfg("64", "18446744073709551615"), "u.json"); }),
+              HasSubstr("vocab_size': past int64, got 18446744073709551615"));
+  ModelSpec m = load_model("llama-3.1-8b");
+  EXPECT_THAT(error_of([&] { decoder_layer(m, Workload::prefill(int64_t(1) << 40, int64_t(1) << 40)); }),
+              HasSubstr("--batch 1099511627776 x --input-len 1099511627776"));
+  EstimateOptions o;
+  o.output_len = INT64_MAX;
+  EXPECT_THAT(error_of([&] { validate_options(m, o); }), HasSubstr("--output-len"));
+}
+
+// An MoE model's dense intermediate_size builds no GEMM, so it does not limit the TP degree.
+TEST(DecoderLayer, MoeDenseIntermediateDoesNotLimitTp) {
+  ModelSpec m = parse_model_config(R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 6, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 100})",
+                                   "moe.json");
+  EXPECT_EQ(find(decoder_layer(m, Workload::decode(1, 8, 4)), "expert_gate_up").dims.at("n"), 16);
 }
 
 TEST(ModelConfig, Qwen3MoeWithDenseLayersIsRefused) {
@@ -603,6 +667,23 @@ TEST(Estimator, AllReduceMeasuredOrRingModel) {
     if (r.call.op == "all_reduce") {
       EXPECT_EQ(r.answer.method, perfdb::Method::measured);
     }
+}
+
+// A message below the smallest measured one (a small hidden size at batch 1) takes that message's
+// time: all_reduce has no cost model to extrapolate with.
+TEST(Estimator, AllReduceBelowTheSmallestMessage) {
+  ModelSpec m = parse_model_config(kTiny, "tiny.json");
+  SyntheticDb db;
+  db.add(decoder_layer(m, Workload::decode(1, 8, 2)));
+  db.points["all_reduce"] = {{{{"message_bytes", 4096}, {"tp", 2}}, 12.5}, {{{"message_bytes", 8192}, {"tp", 2}}, 13.0}};
+  db.write();
+  const std::vector<OpCall> layer = decoder_layer(m, Workload::decode(1, 8, 2));
+  const OpCall& c = find(layer, "attn_all_reduce");
+  ASSERT_EQ(c.dims.at("message_bytes"), 128);
+  perfdb::Answer a = answer_call(db.load(), c, "auto", "bf16");
+  EXPECT_DOUBLE_EQ(a.us, 12.5);
+  EXPECT_EQ(a.method, perfdb::Method::extrapolated);
+  EXPECT_THAT(a.how, HasSubstr("below the smallest measured message"));
 }
 
 TEST(Estimator, RingModelIsCalibratedOnMeasuredTp) {

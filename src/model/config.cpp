@@ -9,6 +9,7 @@
 //              top-k weights are always renormalized)
 //   Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob
 //   Gemma 3:   the text dims may sit under "text_config" (Gemma3ForConditionalGeneration files).
+//   missing:   Note [missing fields] below.
 //   sliding windows: layer_types, sliding_window, sliding_window_pattern (Gemma 3),
 //              use_sliding_window and max_window_layers (Qwen), read_windows below.
 #include <cctype>
@@ -73,6 +74,8 @@ struct Reader {
     if (!has(field)) fail(field, "missing (needed to build the model's layers)");
     const json& v = doc[field];
     if (!v.is_number_integer()) fail(field, "expected an integer, got " + v.dump());
+    // An unsigned value past int64 would read back negative: name it as written.
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) fail(field, "past int64, got " + v.dump());
     int64_t x = v.get<int64_t>();
     if (x <= 0) fail(field, "expected a positive integer, got " + std::to_string(x));
     return x;
@@ -113,13 +116,17 @@ void read_windows(const Reader& r, ModelSpec& m) {
       else if (name != "full_attention")
         r.fail("layer_types", "expected \"sliding_attention\" or \"full_attention\", got " + t.dump());
     }
-    if (local > 0) m.sliding_window = r.integer("sliding_window"), m.window_layers = local;
+    if (local > 0) {
+      // Gemma's window has a class default (the files that list layer_types may leave it out).
+      m.sliding_window = m.is_gemma() ? r.integer_or("sliding_window", 4096) : r.integer("sliding_window");
+      m.window_layers = local;
+    }
     return;
   }
   switch (m.family) {
     case Family::gemma2:
       m.sliding_window = r.integer_or("sliding_window", 4096);
-      m.window_layers = (m.layers + 1) / 2;
+      m.window_layers = m.layers / 2 + m.layers % 2;  // layers 0, 2, 4, ...
       break;
     case Family::gemma3:
       m.sliding_window = r.integer_or("sliding_window", 4096);
@@ -145,6 +152,31 @@ void read_windows(const Reader& r, ModelSpec& m) {
       break;
     default:
       break;
+  }
+}
+
+// Note [missing fields]: transformers fills a field a config.json leaves out from the defaults of
+// the family's config class, and vLLM builds the model from that filled object. The published Gemma
+// 3 multimodal files rely on it: gemma-3-4b's text_config names neither its heads, its kv heads,
+// its head_dim nor its vocab, and gemma-3-12b's head_dim (256) is not hidden_size / heads (240).
+// So where those class defaults are the dims of the family's models, opforge takes them too:
+// Gemma 2 (Gemma2Config) and Gemma 3 (Gemma3TextConfig) 8 heads, 4 kv heads, head_dim 256 and
+// vocab 256000 / 262208; Qwen3 (Qwen3Config) head_dim 128. Elsewhere hidden_size,
+// intermediate_size, num_attention_heads, num_hidden_layers and vocab_size are required (a class
+// default there, Llama's 4096 hidden, is no model's), num_key_value_heads defaults to the heads
+// (Llama's rule; transformers' Mistral, Mixtral and Qwen classes would take a fixed count, 8 or
+// 32, which for a file without the field is no better a guess) and head_dim to hidden_size /
+// num_attention_heads. ModelSpec::defaulted lists what was filled in; the estimate prints it.
+struct FamilyDefaults {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;  // 0: none (required or derived)
+};
+
+FamilyDefaults family_defaults(Family f) {
+  switch (f) {
+    case Family::gemma2: return {8, 4, 256, 256000};
+    case Family::gemma3: return {8, 4, 256, 262208};
+    case Family::qwen3: return {0, 0, 128, 0};
+    default: return {};
   }
 }
 
@@ -184,11 +216,19 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   // Gemma 3 multimodal files keep the language model's dims under text_config.
   const json& text = doc.contains("text_config") && doc["text_config"].is_object() ? doc["text_config"] : doc;
   Reader r{text, source};
+  // Note [missing fields]
+  const FamilyDefaults def = family_defaults(m.family);
+  auto defaulted = [&](const char* field, int64_t fallback) {
+    if (r.has(field) || fallback == 0) return r.integer(field);
+    m.defaulted.push_back(std::string(field) + " " + std::to_string(fallback));
+    return fallback;
+  };
   m.hidden = r.integer("hidden_size");
-  m.heads = r.integer("num_attention_heads");
-  m.kv_heads = r.integer_or("num_key_value_heads", m.heads);
-  if (r.has("head_dim")) {
-    m.head_dim = r.integer("head_dim");
+  m.heads = defaulted("num_attention_heads", def.heads);
+  m.kv_heads = r.has("num_key_value_heads") || def.kv_heads == 0 ? r.integer_or("num_key_value_heads", m.heads)
+                                                                  : defaulted("num_key_value_heads", def.kv_heads);
+  if (r.has("head_dim") || def.head_dim > 0) {
+    m.head_dim = defaulted("head_dim", def.head_dim);
   } else {
     if (m.hidden % m.heads != 0)
       r.fail("head_dim", "missing, and hidden_size " + std::to_string(m.hidden) +
@@ -197,10 +237,11 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   }
   if (m.heads % m.kv_heads != 0)
     r.fail("num_key_value_heads", "expected a divisor of num_attention_heads " + std::to_string(m.heads) +
-                                      ", got " + std::to_string(m.kv_heads));
+                                      ", got " + std::to_string(m.kv_heads) +
+                                      (r.has("num_key_value_heads") ? "" : " (the family's default)"));
   if (m.head_dim % 2 != 0) r.fail("head_dim", "expected an even size (rotary pairs), got " + std::to_string(m.head_dim));
   m.layers = r.integer("num_hidden_layers");
-  m.vocab = r.integer("vocab_size");
+  m.vocab = defaulted("vocab_size", def.vocab);
   m.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
   m.rope_theta = r.number_or("rope_theta", 10000.0);
   m.max_position = r.integer_or("max_position_embeddings", 0);
@@ -219,7 +260,7 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
       m.experts = r.integer("num_experts");
       m.experts_per_token = r.integer("num_experts_per_tok");
       m.moe_intermediate = r.integer("moe_intermediate_size");
-      m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+      m.norm_topk_prob = r.boolean_or("norm_topk_prob", false);  // Qwen3MoeConfig's default
       // Every layer is costed as an MoE layer: a file with dense MLP layers between them (as
       // transformers reads mlp_only_layers and decoder_sparse_step) is refused, not misread.
       if (r.integer_or("decoder_sparse_step", 1) != 1)
@@ -237,6 +278,19 @@ ModelSpec parse_model_config(const std::string& json_text, const std::string& so
   if (m.is_moe() && m.experts_per_token > m.experts)
     r.fail("num_experts_per_tok", "expected at most the " + std::to_string(m.experts) + " experts, got " +
                                       std::to_string(m.experts_per_token));
+  // Note [size limits] (layer.cpp): the weights' element counts, so that no product of these
+  // sizes wraps in int64 further on.
+  const std::string where = source + ": sizes too large";
+  const double H = double(m.hidden);
+  check_product({{"hidden_size", H}, {"(num_attention_heads + 2 num_key_value_heads)", double(m.heads) + 2.0 * double(m.kv_heads)},
+                 {"head_dim", double(m.head_dim)}}, where + " (the qkv weight)");
+  check_product({{"hidden_size", H}, {"2", 2}, {"intermediate_size", double(m.intermediate)}}, where + " (the MLP weight)");
+  check_product({{"hidden_size", H}, {"vocab_size", double(m.vocab)}}, where + " (the embedding)");
+  if (m.is_moe())
+    check_product({{m.family == Family::mixtral ? "num_local_experts" : "num_experts", double(m.experts)},
+                   {"hidden_size", H}, {"2", 2},
+                   {m.family == Family::mixtral ? "intermediate_size" : "moe_intermediate_size", double(m.moe_intermediate)}},
+                  where + " (the expert weights)");
   return m;
 }
 

@@ -52,6 +52,18 @@ bool all_reduce_measured_at(const perfdb::Database& db, int64_t tp) {
   return false;
 }
 
+// The smallest message_bytes of the all_reduce rows at `tp` (0: none).
+int64_t smallest_all_reduce_message(const perfdb::Database& db, int64_t tp) {
+  int64_t smallest = 0;
+  if (!db.has_op("all_reduce")) return 0;
+  for (const perfdb::Row& r : db.table("all_reduce").rows) {
+    auto t = r.dims.find("tp"), b = r.dims.find("message_bytes");
+    if (t == r.dims.end() || b == r.dims.end() || t->second != tp) continue;
+    if (smallest == 0 || b->second < smallest) smallest = b->second;
+  }
+  return smallest;
+}
+
 void finish_shares(std::vector<EstimateRow>& rows, double total) {
   for (EstimateRow& r : rows) r.share = total > 0 ? r.total_us / total : 0;
 }
@@ -179,6 +191,23 @@ Answer answer_call(const perfdb::Database& db, const OpCall& c, const std::strin
                         r.bus_gbps, r.step_latency_us, 2 * (tp - 1), r.source, tp);
     return a;
   }
+  if (c.op == "all_reduce") {
+    // Note [ring all-reduce model]: below the smallest measured message the step latencies are
+    // the time (the wire term of 4 KiB at NVLink speed is 0.01 us), and all_reduce has no cost
+    // model to extrapolate with, so the smallest message's time answers. Small hidden sizes at
+    // small batches land there (Qwen3-0.6B's decode at batch 1: 2 KiB).
+    const int64_t bytes = c.dims.at("message_bytes"), smallest = smallest_all_reduce_message(db, c.dims.at("tp"));
+    if (bytes < smallest) {
+      perfdb::Dims at = c.dims;
+      at["message_bytes"] = smallest;
+      Answer a = db.query(c.op, impl, dtype, at);
+      a.method = std::max(a.method, Method::extrapolated);
+      a.how = fmt::format("{} bytes, below the smallest measured message: its time at {} bytes, the step "
+                          "latencies (Note [ring all-reduce model]); {}",
+                          bytes, smallest, a.how);
+      return a;
+    }
+  }
   Answer a = !c.spread.empty() ? answer_spread(db, c, impl, dtype) : db.query(c.op, impl, dtype, c.dims);
   if (c.work_scale != 1.0) {  // Note [sliding-window layers] (layer.cpp)
     a.us *= c.work_scale;
@@ -276,6 +305,12 @@ void validate_options(const ModelSpec& m, const EstimateOptions& o) {
   if (o.output_len < 0)
     throw Error(ErrorCode::invalid_argument, "--output-len: expected 0 or more tokens, got " + std::to_string(o.output_len));
   validate_workload(m, prefill_of(o));
+  if (o.output_len / 2 > 2147483647 - o.input_len)  // Note [size limits] (layer.cpp)
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("--input-len {} + --output-len {} / 2: the decode context is past the 2^31 - 1 positions "
+                            "attention's int32 offsets hold (Note [size limits])",
+                            o.input_len, o.output_len));
+  validate_workload(m, decode_of(o));
 }
 
 Estimate estimate(const ModelSpec& m, const perfdb::Database& db, const EstimateOptions& o) {
@@ -399,6 +434,11 @@ std::string format_estimate(const Estimate& e) {
                               m.window_layers > 0 ? fmt::format(", {}-position sliding window on {} layers",
                                                                 m.sliding_window, m.window_layers)
                                                   : "");
+  if (!m.defaulted.empty()) {  // Note [missing fields] (config.cpp)
+    std::string list;
+    for (const std::string& d : m.defaulted) list += (list.empty() ? "" : ", ") + d;
+    s += "not in the file, the " + std::string(family_name(m.family)) + " config class's default: " + list + "\n";
+  }
   s += fmt::format("system {}, impl {}, input {} tokens, output {} tokens\n", e.system, e.options.impl,
                    e.options.input_len, e.options.output_len);
   const bool is_scaled = e.options.now.known();
@@ -437,6 +477,7 @@ std::string estimate_json(const Estimate& e) {
                    {"tokens_per_s", e.tokens_per_s},
                    {"ttft_stored_us", e.ttft_stored_us},
                    {"tpot_stored_us", e.tpot_stored_us}};
+  if (!m.defaulted.empty()) j["defaulted_fields"] = m.defaulted;
   if (m.window_layers > 0) j["sliding_window"] = {{"window", m.sliding_window}, {"layers", m.window_layers}};
   if (e.options.now.known())
     j["ceilings_now"] = {{"copy_gbps", e.options.now.copy_gbps}, {"gemm_gflops", e.options.now.gemm_gflops}};

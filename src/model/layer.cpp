@@ -113,6 +113,27 @@ Workload Workload::decode(int64_t batch, int64_t context, int64_t tp) {
   return w;
 }
 
+// Note [size limits]: a config file or a flag can hold any int64, and the layer multiplies them in
+// int64 (a weight's elements, a row block's bytes, the KV cache), as do the tensor views the cost
+// models build at the call's dims. A wrapped product would reach a query as a negative or a wrong
+// dim, so each product is taken in long double first and refused past kMaxCount (2^53 elements:
+// 16 PiB of bf16, far past any model, far from int64's end) with its factors named. The sizes
+// are checked where they come in: the weights by parse_model_config, a step's tensors by
+// validate_workload. Tokens in one step are bounded tighter, by int32: attention's cu_seqlens and
+// positions are int32 in opforge as in vLLM.
+void check_product(const std::vector<std::pair<std::string, double>>& factors, const std::string& what) {
+  long double p = 1;
+  std::string names;
+  for (const auto& [name, v] : factors) {
+    p *= static_cast<long double>(v);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    names += (names.empty() ? "" : " x ") + name + " " + buf;
+  }
+  if (p > static_cast<long double>(kMaxCount))
+    throw Error(ErrorCode::invalid_argument, what + ": " + names + " is past the 2^53 limit of a count (Note [size limits])");
+}
+
 TpShapes tp_shapes(const ModelSpec& m, int64_t tp) {
   if (tp < 1) bad("--tp: expected a tensor-parallel degree >= 1, got " + str(tp));
   if (m.heads % tp != 0)
@@ -130,7 +151,8 @@ TpShapes tp_shapes(const ModelSpec& m, int64_t tp) {
           " need a multiple of them (each kv head is replicated tp / kv_heads times)");
     s.kv_heads = 1;
   }
-  if (m.intermediate % tp != 0)
+  // An MoE model's dense intermediate_size (Qwen3-MoE files carry one) builds no GEMM here.
+  if (!m.is_moe() && m.intermediate % tp != 0)
     bad("--tp " + str(tp) + ": intermediate_size " + str(m.intermediate) + " of " + m.name + " does not divide by it");
   s.intermediate = m.intermediate / tp;
   if (m.is_moe()) {
@@ -151,7 +173,43 @@ void validate_workload(const ModelSpec& m, const Workload& w) {
     bad("--context: expected a context of at least 1 token, got " + str(w.context));
   DType dt = parse_dtype(w.dtype);  // unknown name -> Error listing the valid ones
   if (!is_floating(dt)) bad("--dtype: expected a floating dtype (bf16, f16, f32), got " + w.dtype);
-  tp_shapes(m, w.tp);
+  const TpShapes s = tp_shapes(m, w.tp);
+  // Note [size limits]: tokens of the step and context within int32, then the step's tensors.
+  const bool pre = w.phase == Phase::prefill;
+  const std::vector<std::pair<std::string, double>> T =
+      pre ? std::vector<std::pair<std::string, double>>{{"--batch", double(w.batch)}, {"--input-len", double(w.tokens)}}
+          : std::vector<std::pair<std::string, double>>{{"--batch", double(w.batch)}};
+  long double tokens = 1;
+  for (const auto& f : T) tokens *= static_cast<long double>(f.second);
+  if (tokens > 2147483647.0L || w.context > 2147483647)
+    bad(std::string(pre ? "--batch " + str(w.batch) + " x --input-len " + str(w.tokens) : "--batch " + str(w.batch)) +
+        (w.context > 2147483647 ? ", context " + str(w.context) : "") +
+        ": past the 2^31 - 1 tokens of one step that attention's int32 offsets hold (Note [size limits])");
+  auto with = [&](std::vector<std::pair<std::string, double>> more) {
+    std::vector<std::pair<std::string, double>> f = T;
+    f.insert(f.end(), more.begin(), more.end());
+    f.emplace_back("dtype bytes", double(dtype_size(dt) * 2));  // the qkv split reads and writes
+    return f;
+  };
+  const double es = double(dtype_size(dt));
+  check_product(with({{"q + 2 kv heads per GPU", double(s.q_heads + 2 * s.kv_heads)}, {"head_dim", double(m.head_dim)}}),
+                "the qkv block of one step");
+  check_product(with({{"hidden_size", double(m.hidden)}}), "the hidden rows of one step");
+  if (m.is_moe()) {
+    check_product(with({{"num_experts_per_tok", double(m.experts_per_token)},
+                        {"2", 2}, {"moe intermediate per GPU", double(s.moe_intermediate)}}),
+                  "the expert rows of one step");
+    check_product(with({{"num_experts_per_tok", double(m.experts_per_token)}, {"hidden_size", double(m.hidden)}}),
+                  "the expert rows of one step");
+  } else {
+    check_product(with({{"2", 2}, {"intermediate per GPU", double(s.intermediate)}}), "the MLP rows of one step");
+  }
+  check_product({{"--batch", double(w.batch)}, {"vocab per GPU", double(s.vocab)}, {"dtype bytes", es}},
+                "the logits of one step");
+  if (!pre)
+    check_product({{"--batch", double(w.batch)}, {"context", double(w.context)}, {"kv heads per GPU", double(s.kv_heads)},
+                   {"head_dim", double(m.head_dim)}, {"dtype bytes", es}},
+                  "the KV cache of one step");
 }
 
 int64_t expected_active_experts(int64_t experts, int64_t k, int64_t tokens) {

@@ -49,11 +49,14 @@ struct ModelSpec {
   int64_t experts = 0;              // num_local_experts / num_experts
   int64_t experts_per_token = 0;    // num_experts_per_tok
   int64_t moe_intermediate = 0;     // moe_intermediate_size (Mixtral: intermediate_size)
-  bool norm_topk_prob = true;       // renormalize the top-k weights
+  bool norm_topk_prob = true;       // renormalize the top-k weights (Qwen3-MoE: norm_topk_prob, default false)
   // Sliding-window attention (Note [sliding-window layers], layer.cpp): how many of the layers
   // attend to the last `sliding_window` positions only (0: none).
   int64_t sliding_window = 0;
   int64_t window_layers = 0;
+  // Note [missing fields] (config.cpp): fields the file leaves out that took the family's
+  // transformers default, as "name value".
+  std::vector<std::string> defaulted;
 
   bool is_moe() const { return experts > 0; }
   bool has_qk_norm() const { return family == Family::qwen3 || family == Family::qwen3_moe || family == Family::gemma3; }
@@ -120,6 +123,13 @@ struct TpShapes {
   int64_t q_heads = 0, kv_heads = 0, intermediate = 0, moe_intermediate = 0, vocab = 0;
 };
 TpShapes tp_shapes(const ModelSpec& m, int64_t tp);  // Error when tp does not fit the heads
+
+// Note [size limits] (layer.cpp): the largest count a product of model sizes and workload sizes
+// may reach (elements of a tensor, bytes of a row block), 2^53: exact in a double, far from
+// int64's end. `factors` are (name, value) pairs; past the limit -> Error naming them and `what`.
+inline constexpr double kMaxCount = 9007199254740992.0;  // 2^53
+// (Values are doubles so that a sum such as heads + 2 kv heads cannot wrap before the check.)
+void check_product(const std::vector<std::pair<std::string, double>>& factors, const std::string& what);
 void validate_workload(const ModelSpec& m, const Workload& w);  // lengths, batch, tp, dtype
 
 // One decoder layer (the steady-state layer of vLLM's forward) as op calls, in order.
