@@ -389,6 +389,14 @@ TEST(ModelConfig, MissingOrBadFieldNamesFieldAndFile) {
               }),
               HasSubstr("hidden_size"));
   EXPECT_THAT(error_of([] { parse_model_config("{not json", "x.json"); }), HasSubstr("x.json"));
+  // a model folder: its config.json, named after the folder
+  const fs::path dir = fs::temp_directory_path() / ("opforge_model_dir_" + std::to_string(::getpid())) / "Tiny-1B";
+  fs::create_directories(dir);
+  EXPECT_THAT(error_of([&] { load_model(dir.string()); }), HasSubstr("folder without a config.json"));
+  std::ofstream(dir / "config.json") << kTiny;
+  EXPECT_EQ(load_model(dir.string() + "/").hidden, 64);
+  EXPECT_EQ(load_model(dir.string()).name, "Tiny-1B");
+  fs::remove_all(dir.parent_path());
 }
 
 TEST(ModelConfig, BadWorkloadsAreErrors) {

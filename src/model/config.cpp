@@ -328,6 +328,14 @@ ModelSpec load_model(const std::string& name_or_path) {
                      [](char a, char b) { return std::tolower((unsigned char)a) == std::tolower((unsigned char)b); }))
         name = n;
   std::string path = is_path ? name_or_path : (fs::path(models_dir()) / (name + ".json")).string();
+  // A Hugging Face model folder (a snapshot, a local clone) keeps its config as config.json; a
+  // folder read as a file would only say "not valid JSON".
+  std::error_code ec;
+  if (is_path && fs::is_directory(path, ec)) {
+    path = (fs::path(path) / "config.json").string();
+    if (!fs::is_regular_file(path, ec))
+      throw Error(ErrorCode::io, "model config: " + name_or_path + " is a folder without a config.json");
+  }
   std::ifstream in(path);
   if (!in) {
     if (is_path) throw Error(ErrorCode::io, "cannot read model config " + path);
