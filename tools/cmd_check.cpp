@@ -13,9 +13,16 @@ void add_check(CLI::App& app, int& status) {
   auto flags = std::make_shared<HarnessFlags>();
   auto mode = std::make_shared<std::string>("all");
   add_harness_flags(*cmd, *flags);
+  auto fuzz = std::make_shared<int>(0);
+  auto seed = std::make_shared<uint64_t>(harness::Options{}.fuzz_seed);
   cmd->add_option("--mode", *mode, "test, grad or all")->check(CLI::IsMember({"test", "grad", "all"}));
+  cmd->add_option("--fuzz", *fuzz, "N random cases per op derived from its declared ones (small, medium, "
+                                    "edge) instead of those cases")->check(CLI::Range(1, 100000));
+  cmd->add_option("--seed", *seed, "seed of the --fuzz draws (default: a fixed one, so runs repeat)");
   cmd->callback([=, &status] {
     harness::Options o = flags->options();
+    o.fuzz = *fuzz;
+    o.fuzz_seed = *seed;
     const Registry& reg = global_registry();
     harness::Report rep;
     if (*mode != "grad") rep = harness::run_test(reg, o);
@@ -24,6 +31,8 @@ void add_check(CLI::App& app, int& status) {
       rep.results.insert(rep.results.end(), g.results.begin(), g.results.end());
       rep.date = g.date;
     }
+    rep.fuzz = o.fuzz;
+    rep.fuzz_seed = o.fuzz_seed;
     print_and_save(rep, *flags);
     status = rep.ok() ? 0 : 1;
   });

@@ -52,6 +52,10 @@ struct Options {
   // machine splits alike) to this shard, so a long check can run as parallel processes.
   int shard_index = 0;
   int shard_count = 1;
+  // check --fuzz N: N random cases per op derived from its declared ones (Note [fuzz derivation],
+  // src/harness/fuzz.cpp) replace the declared cases; fuzz_seed fixes the draws.
+  int fuzz = 0;
+  uint64_t fuzz_seed = 20261204;
 };
 
 enum class Status { pass, fail, skip };
@@ -76,6 +80,7 @@ struct Result {
   double bytes = 0;
   double flops = 0;
   double energy_uj = -1;    // perf_case with an energy reader on a device: per call; < 0: none
+  bool rejected = false;    // fuzz: the reference rejected the draw (a pass: the kernel did too)
 };
 
 struct Report {
@@ -84,6 +89,8 @@ struct Report {
   double cuda_copy_gbps = 0;
   std::string cuda_device_name;
   std::string date;           // ISO date of the run
+  int fuzz = 0;               // fuzz draws per op (0: the declared cases), and their seed
+  uint64_t fuzz_seed = 0;
   int count(Status s) const;
   bool ok() const { return count(Status::fail) == 0; }
 };

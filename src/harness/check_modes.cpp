@@ -2,6 +2,7 @@
 #include <cmath>
 #include <string>
 
+#include "harness/fuzz.h"
 #include "harness/instance.h"
 #include "opforge/error.h"
 #include "opforge/harness.h"
@@ -90,13 +91,65 @@ bool is_in_place_input(const Case& c, const std::string& name) {
   return false;
 }
 
+// A fuzz draw the reference rejected (Note [fuzz derivation]): the kernel must reject it too,
+// with opforge::Error, before writing anything. Its own predicate saying "not applicable" is a
+// rejection as well: the harness runs the kernel through a strict decision, where a predicate's
+// refusal after Op::check throws.
+Result check_rejected(const Registry& reg, const Options& opt, const OpEntry& op, const KernelEntry& k,
+                      const Case& c, DType t, const std::vector<ArgPlan>& plan,
+                      const std::vector<std::vector<double>>& masters, const std::string& why) {
+  Device dev = device_for(opt, k);
+  Result r{"test", op.name, k.impl(), dev.str(), dtype_name(t), c.label, case_group_name(c.group)};
+  r.rejected = true;
+  GuardedArgs a;
+  try {
+    a = make_guarded_args(op, plan, masters, t, dev);
+  } catch (const Error&) {
+    // The shape function refuses the draw as well: there are no outputs to hand a kernel.
+    r.detail = std::string("rejected by the reference and the shape function: ") + why;
+    return r;
+  }
+  if (!c.in_place.empty()) {
+    if (!k.desc.properties.in_place) {
+      r.status = Status::skip;
+      r.detail = "in-place case; kernel does not declare in_place";
+      return r;
+    }
+    apply_in_place(op, c, a);
+  }
+  try {
+    reg.call(only(op, k, dev), a.values);
+    if (const DeviceMemoryOps* ops = device_memory_ops(dev.kind); ops && !dev.is_cpu()) ops->synchronize(dev.index);
+  } catch (const Error& e) {
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (!plan[i].is_tensor || !a.buffers[i].storage.defined()) continue;
+      if (read_back(a.buffers[i]) != a.buffers[i].initial) {
+        r.status = Status::fail;
+        r.detail = "rejected the draw but wrote '" + op.args[i].name + "' first: " + e.what();
+        return r;
+      }
+    }
+    r.detail = std::string("rejected by the reference and the kernel: ") + e.what();
+    return r;
+  }
+  r.status = Status::fail;
+  r.detail = "accepted a draw the reference rejects (" + why + ")";
+  return r;
+}
+
 // One checked run of kernel k on a case in dtype t. Returns the filled Result.
 Result check_one(const Registry& reg, const Options& opt, const OpEntry& op, const KernelEntry& k,
                  const Case& c, DType t, const std::vector<ArgPlan>& plan) {
   Device dev = device_for(opt, k);
   Result r{"test", op.name, k.impl(), dev.str(), dtype_name(t), c.label, case_group_name(c.group)};
   auto masters = input_masters(op, c, plan, t, opt.seed);
-  auto want = expected(reg, op, plan, masters, k.is_reference() ? DType::f64 : t);
+  std::vector<std::vector<double>> want;
+  try {
+    want = expected(reg, op, plan, masters, k.is_reference() ? DType::f64 : t);
+  } catch (const Error& e) {
+    if (opt.fuzz <= 0) throw;  // a declared case the reference refuses is a harness error
+    return check_rejected(reg, opt, op, k, c, t, plan, masters, e.what());
+  }
   GuardedArgs a = make_guarded_args(op, plan, masters, t, dev);
   if (!c.in_place.empty()) {
     if (!k.desc.properties.in_place) {
@@ -146,12 +199,17 @@ Result check_one(const Registry& reg, const Options& opt, const OpEntry& op, con
 Report check_ops(const Registry& reg, const Options& opt, bool backward_ops, const char* mode) {
   Report rep;
   rep.date = today_iso();
+  rep.fuzz = opt.fuzz;
+  rep.fuzz_seed = opt.fuzz_seed;
   struct Job { const OpEntry* op; const KernelEntry* k; Case c; DType t; };
   std::vector<Job> jobs;
   for (const OpEntry* op : reg.ops()) {
     if (!op_selected(opt, *op) || is_backward_op(reg, *op) != backward_ops || !op->cases) continue;
-    for (const Case& c : op->cases()) {
-      if (!case_selected(opt, c, false)) continue;
+    // Fuzz: the draws replace the declared cases (fuzz_cases applies the group and label filters
+    // to the cases it starts from).
+    const std::vector<Case> cases = opt.fuzz > 0 ? fuzz_cases(opt, *op) : op->cases();
+    for (const Case& c : cases) {
+      if (opt.fuzz <= 0 && !case_selected(opt, c, false)) continue;
       for (const KernelEntry& k : op->kernels) {
         if (!backend_selected(reg, opt, k) || !k.availability().ok) continue;
         for (DType t : dtypes_for(opt, k, c, false)) jobs.push_back({op, &k, c, t});

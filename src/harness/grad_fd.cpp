@@ -16,6 +16,7 @@
 #include <cmath>
 #include <map>
 
+#include "harness/fuzz.h"
 #include "harness/instance.h"
 #include "opforge/error.h"
 #include "opforge/harness.h"
@@ -27,6 +28,15 @@ using namespace detail;
 namespace {
 
 constexpr size_t kMaxProbesPerInput = 48;  // elements perturbed per differentiable input
+// Elements of the largest tensor of a fuzz draw that finite differences take: each probe runs the
+// forward reference twice, so draws beyond this are left to test mode on the backward op.
+constexpr int64_t kFdMaxFuzzElements = int64_t(1) << 15;
+
+bool fd_sized(const Case& c) {
+  for (const CaseArg& a : c.args)
+    if (const auto* t = std::get_if<TensorInit>(&a.init); t && t->shape.numel() > kFdMaxFuzzElements) return false;
+  return true;
+}
 
 struct ForwardRun {
   PlainArgs args;
@@ -58,7 +68,15 @@ Result check_case(const Registry& reg, const Options& opt, const OpEntry& fwd, c
   r.detail = "reference backward vs central differences";
   std::vector<ArgPlan> plan = plan_case(fwd, c);
   auto masters = input_masters(fwd, c, plan, DType::f64, opt.seed);
-  ForwardRun base = run_forward(reg, fwd, plan, masters);
+  ForwardRun base;
+  try {
+    base = run_forward(reg, fwd, plan, masters);
+  } catch (const Error& e) {
+    if (opt.fuzz <= 0) throw;
+    r.rejected = true;  // a fuzz draw the forward's reference refuses: nothing to differentiate
+    r.detail = std::string("rejected by the reference: ") + e.what();
+    return r;
+  }
 
   // Backward arguments by Note [gradient naming].
   std::vector<Tensor> keep;
@@ -143,6 +161,8 @@ Result check_case(const Registry& reg, const Options& opt, const OpEntry& fwd, c
 Report finite_difference_checks(const Registry& reg, const Options& opt) {
   Report rep;
   rep.date = today_iso();
+  rep.fuzz = opt.fuzz;
+  rep.fuzz_seed = opt.fuzz_seed;
   bool want_reference = opt.backends.empty();
   for (const std::string& b : opt.backends) want_reference |= b == "reference";
   if (!want_reference) return rep;
@@ -150,10 +170,14 @@ Report finite_difference_checks(const Registry& reg, const Options& opt) {
     if (!op_selected(opt, *op) || op->backward.empty() || !op->cases) continue;
     const OpEntry& bwd = reg.op(op->backward);
     if (!op->reference() || !bwd.reference()) continue;
-    for (const Case& c : op->cases()) {
+    // Fuzz: the forward op's draws (the same as test mode's), those from small and edge cases
+    // whose inputs stay within kFdMaxFuzzElements.
+    const std::vector<Case> cases = opt.fuzz > 0 ? fuzz_cases(opt, *op) : op->cases();
+    for (const Case& c : cases) {
       // Finite differences re-run the forward per probe: small and edge cases only.
       if (c.group != CaseGroup::small && c.group != CaseGroup::edge) continue;
-      if (!opt.cases.empty() && !case_selected(opt, c, false)) continue;
+      if (opt.fuzz <= 0 && !opt.cases.empty() && !case_selected(opt, c, false)) continue;
+      if (opt.fuzz > 0 && !fd_sized(c)) continue;
       progress(opt, 0, 1, "grad " + op->name + " " + c.label);
       Result r;
       try {

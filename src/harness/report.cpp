@@ -2,6 +2,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,10 @@ std::string format_table(const Report& rep) {
     }
     return out;
   }
+  if (rep.fuzz > 0)
+    out += fmt::format("fuzz: {} draws per op, seed {} (Note [fuzz derivation]; the same seed and op give the "
+                       "same draws)\n",
+                       rep.fuzz, rep.fuzz_seed);
   out += fmt::format("{:<5} {:<28} {:<10} {:<7} {:<5} {:<16} {:<6} {:<5} {}\n", "mode", "op", "impl", "device",
                      "dtype", "case", "group", "", "detail");
   for (const Result& r : rep.results)
@@ -52,6 +57,23 @@ std::string format_table(const Report& rep) {
                        r.dtype, r.case_label, r.group, status_name(r.status), r.detail);
   out += fmt::format("\n{} passed, {} failed, {} skipped (not applicable)\n", rep.count(Status::pass),
                      rep.count(Status::fail), rep.count(Status::skip));
+  if (rep.fuzz > 0) {
+    // Per draw (mode, op, case): rejected when the reference refused it, failed when any kernel
+    // failed on it, checked otherwise.
+    std::map<std::tuple<std::string, std::string, std::string>, std::pair<bool, bool>> draws;
+    for (const Result& r : rep.results) {
+      auto& [rejected, failed] = draws[{r.mode, r.op, r.case_label}];
+      rejected |= r.rejected;
+      failed |= r.status == Status::fail;
+    }
+    int rejected = 0, failed = 0;
+    for (const auto& [key, d] : draws) {
+      rejected += d.first;
+      failed += d.second;
+    }
+    out += fmt::format("fuzz draws: {} checked, {} rejected (by the reference), {} failed\n",
+                       int(draws.size()) - rejected, rejected, failed);
+  }
   return out;
 }
 
@@ -64,6 +86,10 @@ static std::ofstream open_out(const std::string& path) {
 void write_json(const Report& rep, const std::string& path) {
   nlohmann::json doc{{"date", rep.date}, {"cpu_copy_gbps", rep.cpu_copy_gbps},
                      {"cuda_copy_gbps", rep.cuda_copy_gbps}, {"cuda_device", rep.cuda_device_name}};
+  if (rep.fuzz > 0) {
+    doc["fuzz"] = rep.fuzz;
+    doc["fuzz_seed"] = rep.fuzz_seed;
+  }
   nlohmann::json results = nlohmann::json::array();
   for (const Result& r : rep.results)
     results.push_back({{"mode", r.mode}, {"op", r.op}, {"impl", r.impl}, {"device", r.device},
@@ -71,7 +97,7 @@ void write_json(const Report& rep, const std::string& path) {
                        {"status", status_name(r.status)}, {"detail", r.detail},
                        {"max_abs_err", r.max_abs_err}, {"nmse", r.nmse}, {"median_us", r.median_us},
                        {"gbps", r.gbps}, {"gflops", r.gflops}, {"pct_ceiling", r.pct_ceiling},
-                       {"bytes", r.bytes}, {"flops", r.flops}});
+                       {"bytes", r.bytes}, {"flops", r.flops}, {"rejected", r.rejected}});
   doc["results"] = results;
   open_out(path) << doc.dump(2) << "\n";
 }
