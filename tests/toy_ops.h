@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "opforge/checks.h"
+#include "opforge/error.h"
 #include "opforge/registry.h"
 #include "opforge/slot.h"
 
@@ -56,6 +57,27 @@ inline void scale2_writes_input(const Context&, const TensorView& y, const Tenso
   for (int64_t i = 0; i < n_of(x); ++i) put(y, i, 2 * get(x, i));
   if (n_of(x) > 0) put(x, 0, 1.0);
 }
+// Right on every declared case (at most 32 elements), wrong (as scale2_slightly_wrong) past 40:
+// what only shapes nobody wrote down catch (check --fuzz).
+inline void scale2_wrong_past_40(const Context&, const TensorView& y, const TensorView& x) {
+  for (int64_t i = 0; i < n_of(x); ++i) put(y, i, 2 * get(x, i) * (n_of(x) > 40 ? 1.001 : 1.0));
+}
+// A reference with a size limit its op's check does not have: more than 40 elements is an
+// opforge::Error (the fuzz tests' invalid draws).
+inline void throw_past_40(const TensorView& x) {
+  if (n_of(x) > 40)
+    throw opforge::Error(opforge::ErrorCode::invalid_argument, "scale2: argument 'x': expected at most 40 elements");
+}
+inline void scale2_reference_upto_40(const Context&, const TensorView& y, const TensorView& x) {
+  throw_past_40(x);
+  scale2_reference({}, y, x);
+}
+// Writes y[0] before it rejects the draw.
+inline void scale2_writes_then_rejects(const Context&, const TensorView& y, const TensorView& x) {
+  if (n_of(x) > 0) put(y, 0, 1.0);
+  throw_past_40(x);
+  scale2_reference({}, y, x);
+}
 // Applicable only when the size is even.
 inline const char* even_only(const TensorView&, const TensorView& x) {
   return n_of(x) % 2 == 0 ? nullptr : "numel % 2 != 0";
@@ -71,7 +93,8 @@ inline std::vector<opforge::Case> scale2_cases() {
 // Registers scale2 with its reference and the kernel `fn` under impl `impl`.
 template <class F>
 void add_scale2(opforge::Registry& reg, const std::string& impl, F* fn,
-                opforge::OpTraits<Scale2>::Predicate* pred = nullptr, int priority = 100) {
+                opforge::OpTraits<Scale2>::Predicate* pred = nullptr, int priority = 100,
+                opforge::OpTraits<Scale2>::Kernel* reference = &scale2_reference) {
   using namespace opforge;
   if (!reg.find("scale2")) {
     OpEntry& e = reg.add_op<Scale2>();
@@ -82,7 +105,7 @@ void add_scale2(opforge::Registry& reg, const std::string& impl, F* fn,
     e.cost = [](const ArgList& a) { return Cost{double(a.tensor("x").numel()) * 8, double(a.tensor("x").numel())}; };
     e.cases = scale2_cases;
     reg.add_kernel<Scale2>(KernelDesc{"reference", DeviceKind::cpu, kReferencePriority, "", {}, {DType::f32, DType::f64}},
-                           &scale2_reference);
+                           reference);
   }
   reg.add_kernel<Scale2>(KernelDesc{impl, DeviceKind::cpu, priority, "", {}, {DType::f32}}, fn, pred);
 }
