@@ -11,6 +11,12 @@ foreach(mode test grad)
     set_tests_properties(harness.${mode}.${k} PROPERTIES TIMEOUT 1800 COST 1000)
   endforeach()
 endforeach()
+# A short fuzz pass (Note [fuzz derivation]): 8 draws per op at a fixed seed, the CPU kernels in
+# test and grad mode, and the reference backwards against finite differences on the draws.
+# About 5 s each on the 2-core development machine (Release).
+add_test(NAME harness.fuzz.cpu COMMAND opforge_cli check --fuzz 8 --seed 20261204 --backend cpu)
+add_test(NAME harness.fuzz.reference COMMAND opforge_cli check --fuzz 8 --seed 20261204 --backend reference --mode grad)
+set_tests_properties(harness.fuzz.cpu harness.fuzz.reference PROPERTIES TIMEOUT 900)
 add_test(NAME harness.perf COMMAND opforge_cli bench --group small --samples 3)
 add_test(NAME harness.support COMMAND opforge_cli support --out ${CMAKE_CURRENT_BINARY_DIR}/ops.md)
 set_tests_properties(harness.perf harness.support PROPERTIES TIMEOUT 900)
