@@ -238,10 +238,16 @@ void register_prefill(Registry& reg) {
   reg.add_kernel<AttentionPrefill>(
       reference_kernel_desc("plain scores, softmax and weighted sum in double", false),
       &attention_prefill_reference);
-  reg.add_kernel<AttentionPrefill>(
-      cpu_kernel_desc("flash-style tiles, online softmax, Highway SIMD + OpenMP over (sequence, "
-                      "kv head, query block), f32 math", false),
-      &attention_prefill_cpu, &attention_prefill_cpu_applicable);
+  KernelDesc cpu = cpu_kernel_desc("flash-style tiles, online softmax, Highway SIMD + OpenMP over "
+                                   "(sequence, kv head, query block), f32 math", false);
+  // An output is sum_j p_j v_j with p_j = exp(s_j - lse): an f32 error e in a score s_j (a dot
+  // product over head_dim, its rounding growing about as sqrt(head_dim)) moves the output by about
+  // e * sum_j p_j |v_j|, which the N(0, 1) inputs' 8-32x outliers make far larger than |out|, so
+  // rtol * |out| does not bound it and atol must. Measured over 150 fuzz draws (check --fuzz):
+  // up to 6e-5 absolute, and 1.5e-5 on an output of 0.27 at head_dim 389 (case
+  // lens130_h4kv4_d389_window32), past the f32 default's 1.3e-5 there.
+  cpu.tolerances[DType::f32] = Tolerance{5e-5, 1e-5, 1e-10};
+  reg.add_kernel<AttentionPrefill>(cpu, &attention_prefill_cpu, &attention_prefill_cpu_applicable);
 }
 
 void register_prefill_backward(Registry& reg) {

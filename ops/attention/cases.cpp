@@ -126,6 +126,8 @@ std::vector<Case> prefill_cases(bool backward) {
   add("lens7_scale0.3", G::edge, {{7}, {2, 2, 16}, true, -1, 0.3});
   add("lens5,4_rows_pad3", G::edge, {{5, 4}, {4, 2, 19}, true, -1, 0.0, DType::i32, 3});
   add("lens33_d128_gqa4", G::edge, {{33}, {8, 2, 128}});
+  // A head_dim past 256 and odd (first found by check --fuzz): f32 scores over 389 terms.
+  add("lens130_h4kv4_d389_window32", G::edge, {{130}, {4, 4, 389}, true, 32});
   // Tiles of 64 query rows that straddle sequences (the CUDA tensor-core kernel's shapes).
   add("lens70,3,90_d64_noncausal", G::edge, {{70, 3, 90}, {4, 2, 64}, false});
   add("lens100,0,33_d128_window40", G::edge, {{100, 0, 33}, {4, 1, 128}, true, 40});
