@@ -147,6 +147,8 @@ std::vector<Case> group_cases(bool backward) {
   add("1x1_g1", CaseGroup::edge, {1, 1}, 1);
   add("2x6x0_g3", CaseGroup::edge, {2, 6, 0}, 3);
   add("2x32x9_g32", CaseGroup::edge, {2, 32, 9}, 32);
+  // Groups of one element (first found by check --fuzz): dx must be 0, not rstd times rounding.
+  add("2x131x1_g131", CaseGroup::edge, {2, 131, 1}, 131);
   add("3x10x67_g5", CaseGroup::edge, {3, 10, 67}, 5);
   add("2x4x4097_g2", CaseGroup::edge, {2, 4, 4097}, 2);
   add("5x12_g4", CaseGroup::edge, {5, 12}, 4);
