@@ -4,7 +4,7 @@
 // kernels run a small call on the calling thread and a larger one on every thread (Note
 // [balanced tasks] in backends/cpu/tiling.h), stream their outputs past the last-level cache
 // (Note [streaming stores]), or take a dot-product path for a few rows of linear (Note [decode
-// gemv] in ops/linear/cpu.cpp); CUDA moe_permute runs in one launch up to 1,024 (token, slot)
+// gemv] in ops/linear/cpu.cpp); CUDA moe_permute runs in one launch up to 4,096 (token, slot)
 // pairs and sorts above (ops/routing/cuda_moe.cu). Time per byte jumps at such a switch, so a
 // curve fitted through points on both sides of it predicts either side poorly. Each such decision
 // is noted here, as
