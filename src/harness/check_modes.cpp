@@ -132,6 +132,30 @@ Result check_rejected(const Registry& reg, const Options& opt, const OpEntry& op
     r.detail = std::string("rejected by the reference and the kernel: ") + e.what();
     return r;
   }
+  // Note [device values]: the op's check reads the values of host tensors only (ids in range,
+  // offsets in order); on a device that read would synchronize with the host, so device kernels
+  // are documented to take such values unchecked (a NaN loss, a zero row, a skipped token) and
+  // must still stay inside their buffers. The reference ran on the host and the kernel under
+  // test passed the same check, so its acceptance on a device can only come from values: the
+  // draw counts as rejected when every guard byte is intact and no input changed.
+  if (!dev.is_cpu()) {
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (!plan[i].is_tensor || !a.buffers[i].storage.defined()) continue;
+      const std::vector<uint8_t> after = read_back(a.buffers[i]);
+      std::string bad = check_outside(a.buffers[i], after);
+      const bool writes = plan[i].is_output || op.args[i].role == ArgRole::inout;
+      if (bad.empty() && !writes && !is_in_place_input(c, op.args[i].name) && after != a.buffers[i].initial)
+        bad = "input '" + op.args[i].name + "' was modified";
+      if (!bad.empty()) {
+        r.status = Status::fail;
+        r.detail = "accepted a draw the reference rejects for its values and then " + bad + " (" + why + ")";
+        return r;
+      }
+    }
+    r.detail = "rejected by the reference for values a " + std::string(device_kind_name(dev.kind)) +
+               " kernel does not check (Note [device values]), run within its buffers: " + why;
+    return r;
+  }
   r.status = Status::fail;
   r.detail = "accepted a draw the reference rejects (" + why + ")";
   return r;
