@@ -153,7 +153,8 @@ TEST(CudaMoe, PermuteSmallPathMatchesReferenceAcrossItsLimit) {
   struct Shape2 {
     int64_t T, k;
   };
-  const Shape2 shapes[] = {{1, 1}, {16, 8}, {512, 8}, {4096, 1}, {4097, 1}, {513, 8}};
+  // Both sides of Note [small id batches] (768 pairs) and of the one-launch path (4,096 pairs).
+  const Shape2 shapes[] = {{1, 1}, {16, 8}, {96, 8}, {97, 8}, {512, 8}, {4096, 1}, {4097, 1}, {513, 8}};
   const double out_of_range[] = {-1.0, 0.0 /* E */, 5.0 /* E + 5 */, -2147483648.0, 2147483647.0};
   for (const Shape2& s : shapes)
     for (int pattern = 0; pattern < 4; ++pattern) {
