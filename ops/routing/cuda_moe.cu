@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kSmallThreads) small_permute_kernel(SmallArgs<
   // round trips where 512 took one (H200, 128 experts k 8 hidden 2048: 24 tokens timed as 32, 48
   // as 64, 96 as 128). Up to kSmallIdBatchPairs pairs a thread's ids are instead loaded
   // kSmallIdBatch at a time, every load issued before the first shared store: 24 / 48 / 96
-  // tokens 2.92 / 3.44 / 4.97 -> 2.74 / 3.06 / 4.53 us. From 1,024 pairs on the same batches
+  // tokens 2.92 / 3.44 / 4.97 -> 2.76 / 3.07 / 4.60 us. From 1,024 pairs on the same batches
   // measured 5-11% slower than the plain loop (128-512 tokens at top-8; why is not established),
   // so larger calls keep the loop.
   if (pairs <= kSmallIdBatchPairs) {
