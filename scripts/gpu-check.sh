@@ -3,7 +3,8 @@
 #   1. unpack the .deb files of .gpudeps/ (made by scripts/gpu-deps.sh) into a private prefix,
 #   2. configure and build for sm_90 with CMake + Ninja (library, CLI, test binary),
 #   3. the CUDA kernel tests (tests/cuda_kernels_test.cpp) and their timing table,
-#   4. `opforge check --backend cuda` (test and grad modes) and `opforge bench --backend cuda`,
+#   4. `opforge check --backend cuda` (test and grad modes, then `--fuzz` draws of every op) and
+#      `opforge bench --backend cuda`,
 #   5. compute-sanitizer memcheck and racecheck over the CUDA kernel tests and over the harness's
 #      CUDA test and grad runs (small and edge cases: the sanitizers slow kernels down a hundredfold),
 #   6. the rest of the test binary,
@@ -21,6 +22,7 @@
 # Usage (device tool): carry [".gpudeps"], command "bash scripts/gpu-check.sh".
 # Environment: OUT (default ./out), JOBS (default: all cores), BUILD_DIR (default build-gpu),
 # GPU_CHECK_SKIP (space-separated step names to skip, e.g. "full_tests racecheck_harness"),
+# GPU_CHECK_FUZZ (draws per op of the check_fuzz step, default 30),
 # GPU_CHECK_BENCH_ARGS (extra `opforge bench` arguments, e.g. "rms_norm --dtype bf16 --group large"),
 # GPU_CHECK_COLLECT (a system name, or "auto" for nvidia-h100 / nvidia-h200 by the card: collect the
 # quick-grid perf database of this card, step 3a, resuming data/perf/<system> of the working tree;
@@ -242,6 +244,9 @@ if [[ $built -eq 1 ]]; then
   [[ -n ${GPU_CHECK_COLLECT:-} ]] && check_json="${TMPDIR:-/tmp}/check-test.json"
   run_step check_test "$OUT/check.log" 300 "$BIN" check --backend cuda --mode test --json "$check_json"
   run_step check_grad "$OUT/check.log" 240 "$BIN" check --backend cuda --mode grad
+  # Random shapes derived from every op's cases (Note [fuzz derivation] in src/harness/fuzz.cpp;
+  # draws rejected for device values only: Note [device values]): 42 s + 5 s on an H200 at 30.
+  run_step check_fuzz "$OUT/check.log" 240 "$BIN" check --backend cuda --mode all --fuzz "${GPU_CHECK_FUZZ:-30}"
   # fused_linear_cross_entropy with forced small blocks (Note [flce cuda blocks]): many token and
   # vocabulary blocks, short last ones, at the cases' small sizes (the with-grad op then runs the
   # forward and the backward); then whole rows in blocks of 64 tokens (Note [flce with grad]).
